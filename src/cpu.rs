@@ -1,0 +1,266 @@
+//! `torch.backends.cpu`: the vector level the CPU kernels dispatch on.
+//!
+//! The level is detected once (x86 feature detection, capped by the environment
+//! variable `ATEN_CPU_CAPABILITY`) and cached; every later call is one atomic load.
+
+use std::sync::OnceLock;
+
+use crate::flag::option_enum;
+
+option_enum! {
+    /// A CPU vector level, spelled as PyTorch's `get_cpu_capability()` prints it.
+    pub enum CpuCapability ("CPU capability") {
+        /// Baseline code (x86-64 with AVX but without AVX2+FMA; other architectures).
+        Default = "DEFAULT",
+        /// POWER vector-scalar extension.
+        Vsx = "VSX",
+        /// IBM z vector facility.
+        ZVector = "Z VECTOR" | "zvector",
+        /// x86-64 without AVX.
+        NoAvx = "NO AVX",
+        /// AVX2 with FMA.
+        Avx2 = "AVX2",
+        /// AVX-512 F, BW, VL and DQ.
+        Avx512 = "AVX512",
+        /// Arm SVE with 256-bit vectors.
+        Sve256 = "SVE256",
+    }
+}
+
+impl CpuCapability {
+    /// Rank within one architecture family; a cap may only lower the rank.
+    fn rank(self) -> u8 {
+        match self {
+            CpuCapability::NoAvx => 0,
+            CpuCapability::Default => 1,
+            CpuCapability::Vsx | CpuCapability::ZVector | CpuCapability::Sve256 => 2,
+            CpuCapability::Avx2 => 2,
+            CpuCapability::Avx512 => 3,
+        }
+    }
+
+    fn is_x86(self) -> bool {
+        matches!(
+            self,
+            CpuCapability::NoAvx
+                | CpuCapability::Default
+                | CpuCapability::Avx2
+                | CpuCapability::Avx512
+        )
+    }
+}
+
+/// The environment variable that caps the CPU capability.
+pub const CAPABILITY_ENV: &str = "ATEN_CPU_CAPABILITY";
+
+struct Levels {
+    detected: CpuCapability,
+    used: CpuCapability,
+    requested: Option<String>,
+}
+
+fn levels() -> &'static Levels {
+    static LEVELS: OnceLock<Levels> = OnceLock::new();
+    LEVELS.get_or_init(|| {
+        let detected = detect();
+        let requested = std::env::var(CAPABILITY_ENV).ok();
+        let used = match requested.as_deref() {
+            None | Some("") => detected,
+            Some(text) => cap(detected, text),
+        };
+        Levels {
+            detected,
+            used,
+            requested,
+        }
+    })
+}
+
+/// The level the env var asks for, where it may lower `detected`; else `detected`.
+fn cap(detected: CpuCapability, requested: &str) -> CpuCapability {
+    match requested.parse::<CpuCapability>() {
+        Ok(wanted)
+            if wanted == detected
+                || wanted == CpuCapability::Default && detected != CpuCapability::NoAvx
+                || wanted.is_x86() && detected.is_x86() && wanted.rank() <= detected.rank() =>
+        {
+            wanted
+        }
+        Ok(wanted) => {
+            log::warn!(
+                "{CAPABILITY_ENV}={requested} asks for {wanted}, above what this CPU has ({detected}); using {detected}"
+            );
+            detected
+        }
+        Err(err) => {
+            log::warn!("{CAPABILITY_ENV}: {err}; using {detected}");
+            detected
+        }
+    }
+}
+
+/// The vector level the CPU kernels use: the detected one, capped by `ATEN_CPU_CAPABILITY`.
+pub fn get_cpu_capability() -> CpuCapability {
+    levels().used
+}
+
+/// The vector level this CPU supports, before any cap.
+pub fn detected_cpu_capability() -> CpuCapability {
+    levels().detected
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detect() -> CpuCapability {
+    use std::arch::is_x86_feature_detected as has;
+    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") {
+        CpuCapability::Avx512
+    } else if has!("avx2") && has!("fma") {
+        CpuCapability::Avx2
+    } else if has!("avx") {
+        CpuCapability::Default
+    } else {
+        CpuCapability::NoAvx
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+fn detect() -> CpuCapability {
+    // The default SVE vector length, in bytes, as the kernel reports it.
+    let vector_bytes = std::fs::read_to_string("/proc/sys/abi/sve_default_vector_length")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    if std::arch::is_aarch64_feature_detected!("sve") && vector_bytes == Some(32) {
+        CpuCapability::Sve256
+    } else {
+        CpuCapability::Default
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn detect() -> CpuCapability {
+    CpuCapability::Default
+}
+
+/// Whether this CPU has AVX-512 BF16 dot products (the relaxed bf16 matmul path).
+pub fn has_avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The vector features this CPU reports that the kernels care about.
+pub fn features() -> Vec<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let all = [
+            ("avx", has!("avx")),
+            ("avx2", has!("avx2")),
+            ("fma", has!("fma")),
+            ("f16c", has!("f16c")),
+            ("avx512f", has!("avx512f")),
+            ("avx512bw", has!("avx512bw")),
+            ("avx512vl", has!("avx512vl")),
+            ("avx512dq", has!("avx512dq")),
+            ("avx512vnni", has!("avx512vnni")),
+            ("avx512bf16", has!("avx512bf16")),
+            ("avx512fp16", has!("avx512fp16")),
+        ];
+        all.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect()
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        use std::arch::is_aarch64_feature_detected as has;
+        let all = [
+            ("neon", has!("neon")),
+            ("sve", has!("sve")),
+            ("bf16", has!("bf16")),
+        ];
+        all.into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect()
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        Vec::new()
+    }
+}
+
+/// The CPU's model name as the OS reports it, where it does.
+pub fn model_name() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            matches!(key.trim(), "model name" | "Model" | "cpu model")
+                .then(|| value.trim().to_string())
+        })
+        .filter(|name| !name.is_empty())
+}
+
+pub(crate) fn report() -> serde_json::Value {
+    let levels = levels();
+    serde_json::json!({
+        "model": model_name(),
+        "arch": std::env::consts::ARCH,
+        "capability": levels.used.to_string(),
+        "capability_detected": levels.detected.to_string(),
+        "capability_source": match &levels.requested {
+            Some(value) => format!("env {CAPABILITY_ENV}={value}"),
+            None => "detected".to_string(),
+        },
+        "features": features(),
+        "logical_cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CpuCapability::*;
+
+    #[test]
+    fn cap_lowers_but_never_raises() {
+        assert_eq!(cap(Avx512, "avx2"), Avx2);
+        assert_eq!(cap(Avx512, "default"), Default);
+        assert_eq!(cap(Avx512, "AVX512"), Avx512);
+        assert_eq!(cap(Avx2, "avx512"), Avx2);
+        assert_eq!(cap(NoAvx, "default"), NoAvx);
+        assert_eq!(cap(Avx2, "sve256"), Avx2);
+        assert_eq!(cap(Sve256, "default"), Default);
+        assert_eq!(cap(Avx2, "fast please"), Avx2);
+    }
+
+    #[test]
+    fn spellings_round_trip() {
+        for &c in CpuCapability::ALL {
+            assert_eq!(c.to_string().parse::<CpuCapability>().unwrap(), c);
+        }
+        assert_eq!("zvector".parse::<CpuCapability>().unwrap(), ZVector);
+        assert_eq!("no avx".parse::<CpuCapability>().unwrap(), NoAvx);
+        let err = "avx1024".parse::<CpuCapability>().unwrap_err().to_string();
+        assert!(err.contains("AVX512") && err.contains("avx1024"), "{err}");
+    }
+
+    #[test]
+    fn detection_agrees_with_the_feature_list() {
+        let feats = features();
+        let detected = detected_cpu_capability();
+        if detected == Avx512 {
+            assert!(feats.contains(&"avx512f") && feats.contains(&"avx512dq"));
+        }
+        if cfg!(target_arch = "x86_64") && feats.contains(&"avx2") && feats.contains(&"fma") {
+            assert!(matches!(detected, Avx2 | Avx512));
+        }
+        assert!(get_cpu_capability().rank() <= detected.rank());
+    }
+}

@@ -1,0 +1,36 @@
+//! Element types.
+
+use crate::flag::option_enum;
+
+option_enum! {
+    /// An element type. Spelled short (`bf16`); PyTorch's names (`bfloat16`) are accepted.
+    pub enum DType ("dtype") {
+        /// IEEE binary16.
+        F16 = "f16" | "float16" | "half",
+        /// bfloat16.
+        Bf16 = "bf16" | "bfloat16",
+        /// IEEE binary32.
+        F32 = "f32" | "float32" | "float",
+        /// IEEE binary64 (CPU reference math).
+        F64 = "f64" | "float64" | "double",
+        /// Boolean (attention masks).
+        Bool = "bool",
+    }
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F16 | DType::Bf16 => 2,
+            DType::F32 => 4,
+            DType::F64 => 8,
+            DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        self != DType::Bool
+    }
+}

@@ -1,0 +1,73 @@
+//! # backends
+//!
+//! PyTorch's `torch.backends` for Rust: the controls that decide how the math runs
+//! (TF32 or IEEE fp32, reduced-precision GEMM reductions, which scaled-dot-product
+//! attention backend serves a call, which CPU vector level is used, …), the queries that
+//! say what this machine can run, and the kernels those controls select.
+//!
+//! Every PyTorch submodule has a module of the same name here ([`cpu`], [`cuda`],
+//! [`cudnn`], [`cusparselt`], [`mha`], [`mps`], [`mkl`], [`mkldnn`], [`nnpack`],
+//! [`openmp`], [`opt_einsum`], [`xeon`]); `torch.nn.attention` is [`attention`].
+//!
+//! Conventions (see [`flag`]):
+//! - a flag is a process-wide atomic with a getter and a setter, initialised once from the
+//!   environment where PyTorch reads one;
+//! - a PyTorch context manager is an RAII guard ([`Guard`]) that restores the previous
+//!   state on drop (also on early return and panic); every guard has a `_scoped` form
+//!   ([`ScopedGuard`]) that overrides the setting for the current thread only;
+//! - string options are enums whose `FromStr` takes PyTorch's spellings;
+//! - queries (`is_built`, `is_available`, `version`) never panic: a missing library,
+//!   driver or device gives `false` / `None`.
+//!
+//! ```
+//! use backends::attention::{SdpBackend, sdpa_kernel};
+//!
+//! backends::cuda::matmul::set_allow_tf32(true);
+//! assert_eq!(backends::get_float32_matmul_precision().to_string(), "high");
+//! {
+//!     let _only_math = sdpa_kernel(&[SdpBackend::Math], false);
+//!     assert!(!backends::cuda::flash_sdp_enabled());
+//! }
+//! assert!(backends::cuda::flash_sdp_enabled());
+//! ```
+
+pub mod adapters;
+pub mod attention;
+pub mod cpu;
+pub mod cuda;
+pub mod cudnn;
+pub mod cusparselt;
+mod determinism;
+pub mod device;
+pub mod dtype;
+mod dylib;
+mod error;
+pub mod flag;
+pub mod info;
+pub mod mha;
+pub mod mkl;
+pub mod mkldnn;
+pub mod mps;
+pub mod nnpack;
+pub mod openmp;
+pub mod opt_einsum;
+mod precision;
+mod threads;
+pub mod verbose;
+pub mod xeon;
+
+pub use determinism::{
+    DETERMINISTIC_ALGORITHMS, DETERMINISTIC_WARN_ONLY, are_deterministic_algorithms_enabled,
+    deterministic_required, is_deterministic_algorithms_warn_only_enabled,
+    use_deterministic_algorithms,
+};
+pub use device::Device;
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use flag::{Flag, FlagSource, Guard, ScopedGuard};
+pub use precision::{
+    FP32_PRECISION, Float32MatmulPrecision, Fp32Precision, float32_matmul_precision,
+    float32_matmul_precision_scoped, fp32_precision, get_float32_matmul_precision,
+    set_float32_matmul_precision, set_fp32_precision,
+};
+pub use threads::{NUM_THREADS, get_num_threads, set_num_threads};

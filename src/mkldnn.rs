@@ -1,0 +1,74 @@
+//! `torch.backends.mkldnn`: oneDNN (probed at run time) and the `verbose` trace guard.
+//!
+//! This library's own CPU kernels serve every operation; oneDNN is reported, not called.
+
+use std::sync::OnceLock;
+
+use crate::dylib::{self, Loaded};
+use crate::flag::{EnvInit, Flag, Guard, ScopedGuard};
+pub use crate::verbose::{VERBOSE_OFF, VERBOSE_ON, VERBOSE_ON_CREATION};
+
+/// The trace level set through this module (0, 1 or 2). `DNNL_VERBOSE` sets it for the process.
+pub static VERBOSE: Flag<u32> = Flag::new(
+    "mkldnn.verbose",
+    VERBOSE_OFF,
+    Some(EnvInit {
+        var: "DNNL_VERBOSE",
+        parse: |s| crate::verbose::parse_level(s, VERBOSE_ON_CREATION),
+    }),
+);
+
+fn library() -> Option<&'static Loaded> {
+    static LIB: OnceLock<Option<Loaded>> = OnceLock::new();
+    LIB.get_or_init(|| dylib::load("dnnl", &["3", "2"]))
+        .as_ref()
+}
+
+/// Whether the oneDNN library loads here.
+pub fn is_available() -> bool {
+    library().is_some()
+}
+
+#[repr(C)]
+struct DnnlVersion {
+    major: i32,
+    minor: i32,
+    patch: i32,
+}
+
+/// oneDNN's version `(major, minor, patch)`, if it loads.
+pub fn version() -> Option<(u32, u32, u32)> {
+    let lib = library()?;
+    // SAFETY: `dnnl_version()` returns a pointer to a static struct that starts with three
+    // ints (major, minor, patch) in every oneDNN release.
+    let get: libloading::Symbol<unsafe extern "C" fn() -> *const DnnlVersion> =
+        unsafe { lib.lib.get(b"dnnl_version\0") }.ok()?;
+    // SAFETY: as above; the pointer is to static data, or null.
+    let v = unsafe { get().as_ref() }?;
+    Some((
+        u32::try_from(v.major).ok()?,
+        u32::try_from(v.minor).ok()?,
+        u32::try_from(v.patch).ok()?,
+    ))
+}
+
+/// Sets the kernel trace level (`VERBOSE_OFF`, `VERBOSE_ON`, `VERBOSE_ON_CREATION`) until
+/// the guard drops.
+pub fn verbose(level: u32) -> crate::Result<Guard> {
+    crate::verbose::guard(&VERBOSE, level, VERBOSE_ON_CREATION)
+}
+
+/// [`verbose`] for the current thread only.
+pub fn verbose_scoped(level: u32) -> crate::Result<ScopedGuard> {
+    crate::verbose::guard_scoped(&VERBOSE, level, VERBOSE_ON_CREATION)
+}
+
+pub(crate) fn report() -> serde_json::Value {
+    serde_json::json!({
+        "is_available": is_available(),
+        "library": dylib::report(library()),
+        "version": version().map(|(a, b, c)| format!("{a}.{b}.{c}")),
+        "used_by_kernels": false,
+        "verbose": VERBOSE.report(),
+    })
+}

@@ -1,0 +1,18 @@
+//! `torch.backends.openmp`: whether the CPU kernels run multi-threaded.
+//!
+//! This library uses its own thread pool rather than OpenMP; its size is
+//! [`crate::get_num_threads`] (`OMP_NUM_THREADS` sets it, as it would OpenMP's).
+
+/// Whether the CPU kernels run on more than one thread.
+pub fn is_available() -> bool {
+    crate::get_num_threads() > 1
+}
+
+pub(crate) fn report() -> serde_json::Value {
+    serde_json::json!({
+        "is_available": is_available(),
+        "pool": "backends (std threads)",
+        "num_threads": crate::get_num_threads(),
+        "num_threads_setting": crate::threads::NUM_THREADS.report(),
+    })
+}
