@@ -71,3 +71,8 @@ pub use precision::{
     set_float32_matmul_precision, set_fp32_precision,
 };
 pub use threads::{NUM_THREADS, get_num_threads, set_num_threads};
+
+/// The README's example, compiled and run as a doctest so that it stays true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,90 @@
+//! The `backends` binary: `info --json` is one JSON object with every module, and
+//! environment variables show up as values with their source.
+
+use std::process::Command;
+
+use backends::info::MODULES;
+
+fn run(args: &[&str], vars: &[(&str, &str)]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args(args)
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "backends {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn info_json(vars: &[(&str, &str)]) -> serde_json::Value {
+    let text = run(&["info", "--json"], vars);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+}
+
+#[test]
+fn info_json_has_every_module() {
+    let report = info_json(&[]);
+    for module in MODULES {
+        assert!(report[module].is_object(), "missing module {module}");
+    }
+    assert_eq!(report["cuda"]["is_built"], cfg!(feature = "cuda"));
+    assert_eq!(report["cuda"]["sdp"]["flash_sdp_enabled"]["value"], true);
+    assert_eq!(
+        report["cuda"]["sdp"]["flash_sdp_enabled"]["source"],
+        "default"
+    );
+    assert_eq!(
+        report["cpu"]["capability"],
+        backends::cpu::get_cpu_capability().to_string()
+    );
+    assert!(report["wgpu"]["adapters"].is_array());
+}
+
+#[test]
+fn info_json_shows_env_values_and_their_source() {
+    let report = info_json(&[
+        ("TORCH_BLAS_PREFER_CUBLASLT", "1"),
+        ("OMP_NUM_THREADS", "1"),
+        ("ATEN_CPU_CAPABILITY", "default"),
+    ]);
+    let blas = &report["cuda"]["preferred_blas_library"];
+    assert_eq!(blas["value"], "cublaslt");
+    assert_eq!(blas["source"], "env TORCH_BLAS_PREFER_CUBLASLT");
+    assert_eq!(report["openmp"]["num_threads"], 1);
+    assert_eq!(report["openmp"]["is_available"], false);
+    assert_eq!(
+        report["cpu"]["capability_source"],
+        "env ATEN_CPU_CAPABILITY=default"
+    );
+}
+
+#[test]
+fn text_report_and_default_run() {
+    let text = run(&["info"], &[]);
+    for module in MODULES {
+        assert!(
+            text.lines().any(|l| l == module),
+            "no section {module} in:\n{text}"
+        );
+    }
+    assert!(text.contains("flash_sdp_enabled: true (default)"), "{text}");
+    let default_run = run(&[], &[]);
+    assert!(
+        default_run.starts_with(&text),
+        "the default run starts with the info report"
+    );
+    assert!(default_run.contains("self-checks"));
+}
+
+#[test]
+fn unknown_subcommand_is_a_usage_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .arg("frobnicate")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("Usage"));
+}
