@@ -22,6 +22,40 @@ pub enum Error {
         /// What is wrong with it and what would be accepted.
         why: String,
     },
+    /// Something this call needs is not present on this machine or in this build.
+    #[error("{what} is not available: {why}")]
+    Unavailable {
+        /// What is missing.
+        what: &'static str,
+        /// Why, and how to get it.
+        why: String,
+    },
+    /// NVRTC rejected a kernel (a bug in a template: please report it with this log).
+    #[error("kernel compilation failed: {0}")]
+    Compile(String),
+    /// The CUDA driver cannot load PTX this new.
+    #[error(
+        "the CUDA driver (CUDA {driver_major}.{driver_minor}) accepts PTX up to ISA {max_ptx}, but the kernels \
+         need ISA {needed}: update the NVIDIA driver, or rebuild with an older NVRTC"
+    )]
+    DriverTooOld {
+        /// The driver's CUDA major version.
+        driver_major: u32,
+        /// The driver's CUDA minor version.
+        driver_minor: u32,
+        /// The newest PTX ISA the driver accepts, e.g. `8.8`.
+        max_ptx: String,
+        /// The PTX ISA the kernels were generated as.
+        needed: String,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error in {call}: {detail}")]
+    Driver {
+        /// The call that failed.
+        call: &'static str,
+        /// The driver's error.
+        detail: String,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

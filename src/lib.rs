@@ -44,6 +44,7 @@ mod dylib;
 mod error;
 pub mod flag;
 pub mod info;
+pub mod kernels;
 pub mod mha;
 pub mod mkl;
 pub mod mkldnn;

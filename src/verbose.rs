@@ -46,3 +46,10 @@ pub(crate) fn guard_scoped(flag: &'static Flag<u32>, level: u32, max: u32) -> Re
 pub fn level() -> u32 {
     crate::mkl::VERBOSE.get().max(crate::mkldnn::VERBOSE.get())
 }
+
+/// Prints a kernel creation or compilation event (built by `message`) at level 2.
+pub(crate) fn creation_event(message: impl FnOnce() -> String) {
+    if level() >= VERBOSE_ON_CREATION {
+        eprintln!("backends_verbose,create,{}", message());
+    }
+}

@@ -1,8 +1,23 @@
 //! # backends-codegen
 //!
-//! The kernel generator of `backends`: it will turn the templates in `kernels/` into
-//! CUDA PTX (through NVRTC), WGSL (validated by naga) and MSL, together with the typed
-//! dispatch tables, from `build.rs` of the `backends` crate.
+//! The kernel generator of `backends`. Kernels are written once, as templates in
+//! `kernels/` (CUDA C++ for NVRTC, WGSL for wgpu and naga), and specialised at build time:
 //!
-//! This crate holds no generator yet; it is part of the workspace layout so that the
-//! generator lands where the rest of the project expects it.
+//! - [`variants`] declares every specialisation (the one place to add one), with its typed
+//!   [`keys`] and launch geometry;
+//! - `generate` (feature `build`, run from the `backends` crate's `build.rs`) renders
+//!   each variant by injecting its constants (`#define` / WGSL `alias` and `const`),
+//!   validates the WGSL with naga and translates it to MSL, compiles each CUDA family to
+//!   PTX with NVRTC for [`variants::CUDA_ARCHS`], and writes the Rust dispatch table;
+//! - [`table`] holds the types of that table;
+//! - `nvrtc` (feature `nvrtc`) finds and drives NVRTC through cudarc, at build time and for
+//!   the run-time fallback.
+
+pub mod keys;
+pub mod table;
+pub mod variants;
+
+#[cfg(feature = "build")]
+pub mod generate;
+#[cfg(feature = "nvrtc")]
+pub mod nvrtc;

@@ -6,6 +6,8 @@
 //! answer `false` / `None`.
 
 mod driver;
+#[cfg(feature = "cuda")]
+pub mod loader;
 pub mod matmul;
 pub mod sdp;
 
@@ -21,10 +23,10 @@ pub use sdp::{
 
 use crate::flag::{EnvInit, Flag, option_enum};
 
-/// Whether this binary carries CUDA support (the `cuda` cargo feature: the driver API
-/// and NVRTC, both loaded at run time).
+/// Whether this binary carries CUDA kernels it can use: PTX generated at build time, or
+/// NVRTC to compile the embedded kernel source at run time (see [`crate::kernels::cuda_code`]).
 pub fn is_built() -> bool {
-    cfg!(feature = "cuda")
+    crate::kernels::cuda_code() != crate::kernels::CudaCode::None
 }
 
 /// Whether CUDA can run here now: the driver loads and reports at least one device.
@@ -170,6 +172,7 @@ pub(crate) fn report() -> serde_json::Value {
         .collect();
     serde_json::json!({
         "is_built": is_built(),
+        "kernels": crate::kernels::report(),
         "is_available": is_available(),
         "unavailable_reason": unavailable_reason(),
         "driver_version": driver_version(),

@@ -1,0 +1,50 @@
+//! Generates the kernels: WGSL + MSL for every wgpu variant, PTX for every CUDA family
+//! (where NVRTC is found), and the Rust dispatch table that embeds them.
+
+use std::path::PathBuf;
+
+fn main() {
+    let manifest =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    println!("cargo:rerun-if-changed=kernels");
+    for var in [
+        "BACKENDS_NO_NVRTC",
+        "BACKENDS_NVRTC_LIB",
+        "CUDA_HOME",
+        "CUDA_PATH",
+    ] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    // scripts/setup.sh installs NVRTC from PyPI into .cuda/ of the checkout.
+    let local = manifest
+        .join(".cuda/nvidia/cuda_nvrtc/lib")
+        .join("libnvrtc.so.12");
+    let hint = local.exists().then(|| local.display().to_string());
+    let compile_ptx = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
+
+    let generated = match backends_codegen::generate::generate(
+        &manifest.join("kernels"),
+        &out,
+        compile_ptx.then_some(hint.as_deref()),
+    ) {
+        Ok(generated) => generated,
+        Err(err) => {
+            eprintln!("kernel generation failed:\n{err}");
+            std::process::exit(1);
+        }
+    };
+    match &generated.nvrtc {
+        Ok(path) => println!("cargo:rustc-env=BACKENDS_BUILD_NVRTC={path}"),
+        Err(why) => {
+            println!("cargo:rustc-env=BACKENDS_BUILD_NVRTC=");
+            if compile_ptx {
+                println!(
+                    "cargo:warning=CUDA kernels were not pre-compiled to PTX ({why}); the library will compile \
+                     them with NVRTC at run time where it finds NVRTC. Run scripts/setup.sh to install it."
+                );
+            }
+        }
+    }
+}

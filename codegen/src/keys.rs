@@ -1,0 +1,278 @@
+//! Typed keys of the kernel table: what a caller asks for, not a string.
+
+use std::fmt;
+
+/// The element type a kernel stores and loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Elem {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Elem {
+    /// Short name used in kernel names (`f32`, `f16`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::Bf16 => "bf16",
+        }
+    }
+
+    /// The CUDA template's type for it.
+    pub fn cuda_type(self) -> &'static str {
+        match self {
+            Elem::F32 => "float",
+            Elem::F16 => "half_t",
+            Elem::Bf16 => "bf16_t",
+        }
+    }
+
+    /// The WGSL type for it; WGSL has no bf16.
+    pub fn wgsl_type(self) -> Option<&'static str> {
+        match self {
+            Elem::F32 => Some("f32"),
+            Elem::F16 => Some("f16"),
+            Elem::Bf16 => None,
+        }
+    }
+}
+
+/// How a GEMM multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum GemmMath {
+    /// fp32 fused multiply-adds (IEEE).
+    Ieee,
+    /// TF32 inputs (10-bit mantissa), fp32 accumulate.
+    Tf32,
+    /// bf16 inputs, fp32 accumulate (bf16 data, or fp32 data rounded to bf16).
+    Bf16,
+    /// fp16 inputs on tensor cores.
+    F16,
+}
+
+/// What kind of attention mask a kernel applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MaskKind {
+    /// No mask.
+    None,
+    /// Boolean: `false` hides a key.
+    Bool,
+    /// Additive bias on the scores.
+    Additive,
+}
+
+impl MaskKind {
+    /// The template's `MASK_KIND` code.
+    pub fn code(self) -> u32 {
+        match self {
+            MaskKind::None => 0,
+            MaskKind::Bool => 1,
+            MaskKind::Additive => 2,
+        }
+    }
+
+    /// Short name used in kernel names.
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskKind::None => "nomask",
+            MaskKind::Bool => "boolmask",
+            MaskKind::Additive => "addmask",
+        }
+    }
+}
+
+/// A batched GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GemmKey {
+    /// Element type of A, B and C.
+    pub elem: Elem,
+    /// How products are formed.
+    pub math: GemmMath,
+    /// Accumulate in fp16 (`allow_fp16_accumulation`).
+    pub acc_f16: bool,
+    /// Type of split-K partial sums: `F32`, or the 16-bit input type when
+    /// reduced-precision reduction is allowed.
+    pub partials: Elem,
+}
+
+/// The sum of split-K partials into C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SplitKReduceKey {
+    /// Element type of C.
+    pub elem: Elem,
+    /// Type of the partials.
+    pub partials: Elem,
+}
+
+/// Row softmax (math attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SoftmaxKey {
+    /// Element type.
+    pub elem: Elem,
+}
+
+/// Mask application to a score matrix (math attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaskedAddKey {
+    /// Score type.
+    pub elem: Elem,
+    /// The mask's kind (`Bool` or `Additive`).
+    pub mask: MaskKind,
+}
+
+/// Flash attention forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlashKey {
+    /// Element type of q, k, v, o.
+    pub elem: Elem,
+    /// Head dimension (exact).
+    pub head_dim: u32,
+    /// Causal (top-left) masking.
+    pub causal: bool,
+}
+
+/// Memory-efficient attention forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemEffKey {
+    /// Element type of q, k, v, o.
+    pub elem: Elem,
+    /// The mask's kind.
+    pub mask: MaskKind,
+    /// Largest head dimension served.
+    pub head_dim_max: u32,
+}
+
+/// A kernel family: one template per target, one CUDA module per family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// Batched GEMM.
+    Gemm,
+    /// Split-K reduction.
+    SplitKReduce,
+    /// Row softmax.
+    Softmax,
+    /// Mask application.
+    MaskedAdd,
+    /// Flash attention forward.
+    FlashFwd,
+    /// Memory-efficient attention forward.
+    MemEffFwd,
+}
+
+impl Family {
+    /// Every family.
+    pub const ALL: [Family; 6] = [
+        Family::Gemm,
+        Family::SplitKReduce,
+        Family::Softmax,
+        Family::MaskedAdd,
+        Family::FlashFwd,
+        Family::MemEffFwd,
+    ];
+
+    /// The family's name: its CUDA template's file stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Gemm => "gemm",
+            Family::SplitKReduce => "splitk_reduce",
+            Family::Softmax => "softmax",
+            Family::MaskedAdd => "masked_add",
+            Family::FlashFwd => "flash_fwd",
+            Family::MemEffFwd => "mem_eff_fwd",
+        }
+    }
+
+    /// The WGSL template's file stem (flash and memory-efficient attention share one).
+    pub fn wgsl_template(self) -> Option<&'static str> {
+        match self {
+            Family::Gemm => Some("gemm"),
+            Family::SplitKReduce => None,
+            Family::Softmax => Some("softmax"),
+            Family::MaskedAdd => Some("masked_add"),
+            Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Any kernel's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelKey {
+    /// A GEMM.
+    Gemm(GemmKey),
+    /// A split-K reduction.
+    SplitKReduce(SplitKReduceKey),
+    /// A row softmax.
+    Softmax(SoftmaxKey),
+    /// A mask application.
+    MaskedAdd(MaskedAddKey),
+    /// Flash attention forward.
+    FlashFwd(FlashKey),
+    /// Memory-efficient attention forward.
+    MemEffFwd(MemEffKey),
+}
+
+impl KernelKey {
+    /// The key's family.
+    pub fn family(&self) -> Family {
+        match self {
+            KernelKey::Gemm(_) => Family::Gemm,
+            KernelKey::SplitKReduce(_) => Family::SplitKReduce,
+            KernelKey::Softmax(_) => Family::Softmax,
+            KernelKey::MaskedAdd(_) => Family::MaskedAdd,
+            KernelKey::FlashFwd(_) => Family::FlashFwd,
+            KernelKey::MemEffFwd(_) => Family::MemEffFwd,
+        }
+    }
+
+    /// The key as a Rust expression over `backends_codegen::keys` (for generated tables).
+    pub fn rust_expr(&self) -> String {
+        let elem = |e: Elem| format!("Elem::{e:?}");
+        let mask = |m: MaskKind| format!("MaskKind::{m:?}");
+        match *self {
+            KernelKey::Gemm(k) => format!(
+                "KernelKey::Gemm(GemmKey {{ elem: {}, math: GemmMath::{:?}, acc_f16: {}, partials: {} }})",
+                elem(k.elem),
+                k.math,
+                k.acc_f16,
+                elem(k.partials)
+            ),
+            KernelKey::SplitKReduce(k) => format!(
+                "KernelKey::SplitKReduce(SplitKReduceKey {{ elem: {}, partials: {} }})",
+                elem(k.elem),
+                elem(k.partials)
+            ),
+            KernelKey::Softmax(k) => format!(
+                "KernelKey::Softmax(SoftmaxKey {{ elem: {} }})",
+                elem(k.elem)
+            ),
+            KernelKey::MaskedAdd(k) => format!(
+                "KernelKey::MaskedAdd(MaskedAddKey {{ elem: {}, mask: {} }})",
+                elem(k.elem),
+                mask(k.mask)
+            ),
+            KernelKey::FlashFwd(k) => format!(
+                "KernelKey::FlashFwd(FlashKey {{ elem: {}, head_dim: {}, causal: {} }})",
+                elem(k.elem),
+                k.head_dim,
+                k.causal
+            ),
+            KernelKey::MemEffFwd(k) => format!(
+                "KernelKey::MemEffFwd(MemEffKey {{ elem: {}, mask: {}, head_dim_max: {} }})",
+                elem(k.elem),
+                mask(k.mask),
+                k.head_dim_max
+            ),
+        }
+    }
+}

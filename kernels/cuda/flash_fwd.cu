@@ -1,0 +1,166 @@
+// Flash attention forward: O = softmax(Q K^T * scale) V, tiled with an online softmax on
+// tensor cores (mma.sync m16n8k16), never materialising the Lq x Lk score matrix.
+// Also writes the log-sum-exp of each query row (natural log) for a later backward pass.
+// A query row with no visible key gets O = 0 and lse = -inf.
+//
+// Specialisation: KERNEL, T (half_t or bf16_t), HEAD_DIM, WARPS (16 query rows each),
+//   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: key j is hidden from query i when j > i)
+// Launch: grid (ceil(Lq / (16 * WARPS)), B * H), block 32 * WARPS.
+// Layout: q, k, v, o are [B, H(k), L, HEAD_DIM] with the last dimension contiguous and the
+// other strides given; key/value head = h / (H / Hk) (grouped-query attention).
+
+#define BLOCK_M (16 * WARPS)
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS) KERNEL(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    T* __restrict__ o, float* __restrict__ lse,
+    int H, int Hk, int Lq, int Lk, float scale,
+    long long q_b, long long q_h, long long q_l,
+    long long k_b, long long k_h, long long k_l,
+    long long v_b, long long v_h, long long v_l,
+    long long o_b, long long o_h, long long o_l)
+{
+    __shared__ unsigned short Qs[BLOCK_M][HEAD_DIM];
+    __shared__ unsigned short Ks[BLOCK_N][HEAD_DIM];
+    __shared__ unsigned short Vs[BLOCK_N][HEAD_DIM];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hk);
+    const int m0 = blockIdx.x * BLOCK_M;
+    q += b * q_b + h * q_h;
+    k += b * k_b + hk * k_h;
+    v += b * v_b + hk * v_h;
+    o += b * o_b + h * o_h;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    for (int e = tid; e < BLOCK_M * HEAD_DIM; e += 32 * WARPS) {
+        int r = e / HEAD_DIM, c = e % HEAD_DIM;
+        Qs[r][c] = (m0 + r < Lq) ? q[(m0 + r) * q_l + c].bits : 0;
+    }
+
+    float acc[HEAD_DIM / 8][4];
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[n][r] = 0.f;
+    float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f};
+    const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+
+    int k_stop = Lk;
+#if CAUSAL
+    k_stop = min(Lk, m0 + BLOCK_M);
+#endif
+    for (int kb = 0; kb < k_stop; kb += BLOCK_N) {
+        __syncthreads();
+        for (int e = tid; e < BLOCK_N * HEAD_DIM; e += 32 * WARPS) {
+            int r = e / HEAD_DIM, c = e % HEAD_DIM;
+            bool in = kb + r < Lk;
+            Ks[r][c] = in ? k[(kb + r) * k_l + c].bits : 0;
+            Vs[r][c] = in ? v[(kb + r) * v_l + c].bits : 0;
+        }
+        __syncthreads();
+
+        float s[BLOCK_N / 8][4];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) s[j][r] = 0.f;
+#pragma unroll
+        for (int d = 0; d < HEAD_DIM; d += 16) {
+            const int qr = warp * 16 + g;
+            unsigned a[4] = {
+                pack2(Qs[qr][d + 2 * t], Qs[qr][d + 2 * t + 1]),
+                pack2(Qs[qr + 8][d + 2 * t], Qs[qr + 8][d + 2 * t + 1]),
+                pack2(Qs[qr][d + 2 * t + 8], Qs[qr][d + 2 * t + 9]),
+                pack2(Qs[qr + 8][d + 2 * t + 8], Qs[qr + 8][d + 2 * t + 9]),
+            };
+#pragma unroll
+            for (int j = 0; j < BLOCK_N / 8; ++j) {
+                unsigned bf[2] = {
+                    pack2(Ks[8 * j + g][d + 2 * t], Ks[8 * j + g][d + 2 * t + 1]),
+                    pack2(Ks[8 * j + g][d + 2 * t + 8], Ks[8 * j + g][d + 2 * t + 9]),
+                };
+                mma_16(s[j], a, bf, T());
+            }
+        }
+
+        float block_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int key = kb + 8 * j + 2 * t + (r % 2);
+                bool hidden = key >= Lk;
+#if CAUSAL
+                hidden = hidden || key > row0 + (r / 2) * 8;
+#endif
+                s[j][r] = hidden ? NEG_INF : s[j][r] * scale_log2;
+                block_max[r / 2] = fmaxf(block_max[r / 2], s[j][r]);
+            }
+        float alpha[2], ref[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 1));
+            block_max[i] = fmaxf(block_max[i], __shfl_xor_sync(0xffffffffu, block_max[i], 2));
+            float new_max = fmaxf(row_max[i], block_max[i]);
+            ref[i] = new_max == NEG_INF ? 0.f : new_max;  // no visible key yet: keep zeros
+            alpha[i] = exp2f(row_max[i] - ref[i]);
+            row_max[i] = new_max;
+            row_sum[i] *= alpha[i];
+        }
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[n][r] *= alpha[r / 2];
+#pragma unroll
+        for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                s[j][r] = exp2f(s[j][r] - ref[r / 2]);
+                row_sum[r / 2] += s[j][r];
+            }
+
+#pragma unroll
+        for (int c = 0; c < BLOCK_N / 16; ++c) {
+            unsigned a[4] = {
+                pack2f<T>(s[2 * c][0], s[2 * c][1]),
+                pack2f<T>(s[2 * c][2], s[2 * c][3]),
+                pack2f<T>(s[2 * c + 1][0], s[2 * c + 1][1]),
+                pack2f<T>(s[2 * c + 1][2], s[2 * c + 1][3]),
+            };
+            const int kr = 16 * c + 2 * t;
+#pragma unroll
+            for (int n = 0; n < HEAD_DIM / 8; ++n) {
+                const int col = 8 * n + g;
+                unsigned bf[2] = {
+                    pack2(Vs[kr][col], Vs[kr + 1][col]),
+                    pack2(Vs[kr + 8][col], Vs[kr + 9][col]),
+                };
+                mma_16(acc[n], a, bf, T());
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 1);
+        row_sum[i] += __shfl_xor_sync(0xffffffffu, row_sum[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = row0 + 8 * i;
+        if (row >= Lq) continue;
+        const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+#pragma unroll
+        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            o[row * o_l + 8 * n + 2 * t] = from_f32<T>(acc[n][2 * i] * inv);
+            o[row * o_l + 8 * n + 2 * t + 1] = from_f32<T>(acc[n][2 * i + 1] * inv);
+        }
+        if (t == 0)
+            lse[(long long)bh * Lq + row] =
+                row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * 0.6931471805599453f : NEG_INF;
+    }
+}
+
+#undef BLOCK_M

@@ -1,0 +1,142 @@
+// Attention forward for wgpu, shared by the flash and memory-efficient families:
+// O = softmax(Q K^T * scale + mask) V, tiled over keys with an online softmax in fp32, never
+// materialising the Lq x Lk score matrix; writes the natural-log log-sum-exp per query row.
+// A query row with no visible key gets O = 0 and lse = -inf.
+//
+// Specialisation (injected before this text):
+//   alias T          storage type of q, k, v, o (f32, or f16 with shader-f16)
+//   alias MASK_T     mask word: u32 (boolean masks, one byte per element, packed) or T (additive)
+//   const MASK_KIND  0 none, 1 boolean (false hides a key), 2 additive
+//   const CAUSAL     0 off, 1 on, 2 read from the parameters (top-left aligned: key j is hidden
+//                    from query i when j > i)
+//   const D_MAX      largest head dim served (the flash family uses the exact head dim)
+//   const BLOCK_M, BLOCK_N  query rows per workgroup, keys per step; 64 invocations,
+//                    64 / BLOCK_M of them per query row
+// Dispatch: (ceil(Lq / BLOCK_M), B * H, 1). Layout: [B, H(k), L, D] with the last dimension
+// contiguous and the other strides given; key/value head = h / (H / Hk).
+
+struct Params {
+    H: u32, Hk: u32, Lq: u32, Lk: u32, D: u32, causal: u32, scale: f32, pad: u32,
+    q_b: u32, q_h: u32, q_l: u32, k_b: u32, k_h: u32, k_l: u32,
+    v_b: u32, v_h: u32, v_l: u32, o_b: u32, o_h: u32, o_l: u32,
+    m_b: u32, m_h: u32, m_q: u32, m_k: u32,
+}
+
+@group(0) @binding(0) var<storage, read> q: array<T>;
+@group(0) @binding(1) var<storage, read> k: array<T>;
+@group(0) @binding(2) var<storage, read> v: array<T>;
+@group(0) @binding(3) var<storage, read> mask: array<MASK_T>;
+@group(0) @binding(4) var<storage, read_write> o: array<T>;
+@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
+
+const THREADS: u32 = 64u;
+const TPR: u32 = THREADS / BLOCK_M;
+// WGSL has no infinity constant: hidden scores use a finite sentinel far below any real score.
+const HIDDEN: f32 = -1.0e30;
+var<workgroup> Qs: array<f32, BLOCK_M * D_MAX>;
+var<workgroup> Ks: array<f32, BLOCK_N * D_MAX>;
+var<workgroup> Vs: array<f32, BLOCK_N * D_MAX>;
+var<workgroup> Ps: array<f32, BLOCK_M * BLOCK_N>;
+
+fn neg_inf() -> f32 {
+    var bits = 0xff800000u;  // a run-time value: a constant infinity is a shader error
+    return bitcast<f32>(bits);
+}
+
+fn mask_hides(index: u32) -> bool {
+    if (MASK_KIND == 1u) { return ((u32(mask[index / 4u]) >> (8u * (index % 4u))) & 0xffu) == 0u; }
+    return false;
+}
+
+fn mask_bias(index: u32) -> f32 {
+    if (MASK_KIND == 2u) { return f32(mask[index]); }
+    return 0.0;
+}
+
+@compute @workgroup_size(64, 1, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let row = tid / TPR;
+    let sub = tid % TPR;
+    let bh = wg.y;
+    let b = bh / p.H;
+    let h = bh % p.H;
+    let hk = h / (p.H / p.Hk);
+    let m0 = wg.x * BLOCK_M;
+    let qi = m0 + row;
+    let q_base = b * p.q_b + h * p.q_h;
+    let k_base = b * p.k_b + hk * p.k_h;
+    let v_base = b * p.v_b + hk * p.v_h;
+    let o_base = b * p.o_b + h * p.o_h;
+    let m_base = b * p.m_b + h * p.m_h + min(qi, p.Lq - 1u) * p.m_q;
+    let causal = CAUSAL == 1u || (CAUSAL == 2u && p.causal != 0u);
+
+    for (var e = tid; e < BLOCK_M * D_MAX; e += THREADS) {
+        let r = e / D_MAX;
+        let c = e % D_MAX;
+        var x = 0.0;
+        if (m0 + r < p.Lq && c < p.D) { x = f32(q[q_base + (m0 + r) * p.q_l + c]); }
+        Qs[e] = x;
+    }
+    var acc: array<f32, D_MAX / TPR>;
+    var row_max = HIDDEN;
+    var row_sum = 0.0;
+
+    var k_stop = p.Lk;
+    if (causal) { k_stop = min(p.Lk, m0 + BLOCK_M); }
+    for (var kb = 0u; kb < k_stop; kb += BLOCK_N) {
+        workgroupBarrier();
+        for (var e = tid; e < BLOCK_N * D_MAX; e += THREADS) {
+            let r = e / D_MAX;
+            let c = e % D_MAX;
+            var kx = 0.0;
+            var vx = 0.0;
+            if (kb + r < p.Lk && c < p.D) {
+                kx = f32(k[k_base + (kb + r) * p.k_l + c]);
+                vx = f32(v[v_base + (kb + r) * p.v_l + c]);
+            }
+            Ks[e] = kx;
+            Vs[e] = vx;
+        }
+        workgroupBarrier();
+        for (var j = sub; j < BLOCK_N; j += TPR) {
+            let key = kb + j;
+            var s = HIDDEN;
+            let hidden = key >= p.Lk || qi >= p.Lq || (causal && key > qi);
+            if (!hidden && !mask_hides(m_base + key * p.m_k)) {
+                var dot = 0.0;
+                for (var d = 0u; d < p.D; d++) { dot = fma(Qs[row * D_MAX + d], Ks[j * D_MAX + d], dot); }
+                s = dot * p.scale + mask_bias(m_base + key * p.m_k);
+            }
+            Ps[row * BLOCK_N + j] = s;
+        }
+        workgroupBarrier();
+        var block_max = HIDDEN;
+        for (var j = 0u; j < BLOCK_N; j++) { block_max = max(block_max, Ps[row * BLOCK_N + j]); }
+        let new_max = max(row_max, block_max);
+        let alpha = exp(row_max - new_max);
+        row_max = new_max;
+        row_sum *= alpha;
+        for (var i = 0u; i < D_MAX / TPR; i++) { acc[i] *= alpha; }
+        for (var j = 0u; j < BLOCK_N; j++) {
+            let s = Ps[row * BLOCK_N + j];
+            if (s <= HIDDEN) { continue; }
+            let w = exp(s - new_max);
+            row_sum += w;
+            for (var i = 0u; i < D_MAX / TPR; i++) { acc[i] = fma(w, Vs[j * D_MAX + sub + TPR * i], acc[i]); }
+        }
+    }
+
+    if (qi >= p.Lq) { return; }
+    var inv = 0.0;
+    if (row_sum > 0.0) { inv = 1.0 / row_sum; }
+    for (var i = 0u; i < D_MAX / TPR; i++) {
+        let d = sub + TPR * i;
+        if (d < p.D) { o[o_base + qi * p.o_l + d] = T(acc[i] * inv); }
+    }
+    if (sub == 0u) {
+        var l = neg_inf();
+        if (row_sum > 0.0) { l = row_max + log(row_sum); }
+        lse[bh * p.Lq + qi] = l;
+    }
+}

@@ -1,0 +1,91 @@
+// Batched GEMM: C[b] = A[b] · B[b] over strided views, fp32 accumulate.
+//
+// Specialisation (injected before this text as WGSL declarations):
+//   alias T        element type of A, B, C (f32, or f16 where the adapter has shader-f16)
+//   const MATH     0: IEEE fp32   1: inputs rounded to TF32 (10-bit mantissa)
+//                  2: inputs rounded to bf16 (7-bit mantissa); both emulate reduced-precision
+//                  hardware on adapters that have none, and are used only when asked for
+//   const BM, BN, BK  block tile; the workgroup is 16 x 16 invocations, each a (BM/16) x (BN/16)
+//                  patch of C
+// Dispatch: (ceil(N / BN), ceil(M / BM), batch).
+
+struct Params {
+    M: u32, N: u32, K: u32, batch: u32,
+    a_batch: u32, a_row: u32, a_col: u32,
+    b_batch: u32, b_row: u32, b_col: u32,
+    c_batch: u32, c_row: u32,
+}
+
+@group(0) @binding(0) var<storage, read> A: array<T>;
+@group(0) @binding(1) var<storage, read> B: array<T>;
+@group(0) @binding(2) var<storage, read_write> C: array<T>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+const TM: u32 = BM / 16u;
+const TN: u32 = BN / 16u;
+var<workgroup> As: array<f32, BM * BK>;
+var<workgroup> Bs: array<f32, BK * BN>;
+
+// Rounds x to nearest (ties away from zero) keeping `keep` of the 23 mantissa bits.
+fn round_mantissa(x: f32, keep: u32) -> f32 {
+    let drop = 23u - keep;
+    let bits = bitcast<u32>(x);
+    let rounded = (bits + (1u << (drop - 1u))) & ~((1u << drop) - 1u);
+    return bitcast<f32>(rounded);
+}
+
+fn load_input(x: T) -> f32 {
+    let v = f32(x);
+    if (MATH == 1u) { return round_mantissa(v, 10u); }
+    if (MATH == 2u) { return round_mantissa(v, 7u); }
+    return v;
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(local_invocation_index) tid: u32) {
+    let b = wg.z;
+    let m0 = wg.y * BM;
+    let n0 = wg.x * BN;
+    let a_base = b * p.a_batch;
+    let b_base = b * p.b_batch;
+    var acc: array<array<f32, TN>, TM>;
+    for (var k0 = 0u; k0 < p.K; k0 += BK) {
+        for (var e = tid; e < BM * BK; e += 256u) {
+            let r = e / BK;
+            let c = e % BK;
+            var v = 0.0;
+            if (m0 + r < p.M && k0 + c < p.K) {
+                v = load_input(A[a_base + (m0 + r) * p.a_row + (k0 + c) * p.a_col]);
+            }
+            As[e] = v;
+        }
+        for (var e = tid; e < BK * BN; e += 256u) {
+            let r = e / BN;
+            let c = e % BN;
+            var v = 0.0;
+            if (k0 + r < p.K && n0 + c < p.N) {
+                v = load_input(B[b_base + (k0 + r) * p.b_row + (n0 + c) * p.b_col]);
+            }
+            Bs[e] = v;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var a: array<f32, TM>;
+            var bv: array<f32, TN>;
+            for (var i = 0u; i < TM; i++) { a[i] = As[(lid.y + 16u * i) * BK + kk]; }
+            for (var j = 0u; j < TN; j++) { bv[j] = Bs[kk * BN + lid.x + 16u * j]; }
+            for (var i = 0u; i < TM; i++) {
+                for (var j = 0u; j < TN; j++) { acc[i][j] = fma(a[i], bv[j], acc[i][j]); }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < TM; i++) {
+        for (var j = 0u; j < TN; j++) {
+            let m = m0 + lid.y + 16u * i;
+            let n = n0 + lid.x + 16u * j;
+            if (m < p.M && n < p.N) { C[b * p.c_batch + m * p.c_row + n] = T(acc[i][j]); }
+        }
+    }
+}
