@@ -36,7 +36,11 @@ fn main() {
         }
     };
     match &generated.nvrtc {
-        Ok(path) => println!("cargo:rustc-env=BACKENDS_BUILD_NVRTC={path}"),
+        Ok(path) => {
+            println!("cargo:rustc-env=BACKENDS_BUILD_NVRTC={path}");
+            // Tests that check the PTX run only when there is some.
+            println!("cargo:rustc-cfg=backends_ptx");
+        }
         Err(why) => {
             println!("cargo:rustc-env=BACKENDS_BUILD_NVRTC=");
             if compile_ptx {
@@ -46,5 +50,14 @@ fn main() {
                 );
             }
         }
+    }
+
+    // The PTX assembler, for the test that assembles every kernel (scripts/setup.sh installs it).
+    let ptxas = std::env::var("BACKENDS_PTXAS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| manifest.join(".cuda/nvidia/cuda_nvcc/bin/ptxas"));
+    if ptxas.exists() {
+        println!("cargo:rustc-cfg=backends_ptxas");
+        println!("cargo:rustc-env=BACKENDS_PTXAS_PATH={}", ptxas.display());
     }
 }

@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
-# Installs the system packages backends needs on a fresh Debian/Ubuntu machine:
-# Mesa's lavapipe Vulkan driver and the Vulkan loader, so that wgpu finds an adapter
-# even without a GPU. Safe to run again: it installs only what is missing.
+# Installs what backends needs on a fresh Debian/Ubuntu machine, only where missing:
+#  - Mesa's lavapipe Vulkan driver and the Vulkan loader (mesa-vulkan-drivers, libvulkan1),
+#    so that wgpu finds an adapter even without a GPU;
+#  - NVRTC and ptxas from PyPI (nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12) into .cuda/,
+#    so that the build pre-compiles the CUDA kernels to PTX and the tests can assemble them.
+#    No GPU is needed for either. Without them the build still succeeds (kernels are then
+#    compiled at run time where NVRTC is found).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
 
 packages=(mesa-vulkan-drivers libvulkan1)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-if ! command -v apt-get >/dev/null; then
-  echo "setup: install a Vulkan driver and loader (${missing[*]} on Debian) with your package manager" >&2
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "setup: installing ${missing[*]}" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "setup: install a Vulkan driver and loader (${missing[*]} on Debian) with your package manager" >&2
+  fi
 fi
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-echo "setup: installing ${missing[*]}" >&2
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+cuda="$root/.cuda/nvidia"
+if [ "$(uname -s)" = Linux ] && { [ ! -e "$cuda/cuda_nvrtc/lib/libnvrtc.so.12" ] || [ ! -e "$cuda/cuda_nvcc/bin/ptxas" ]; }; then
+  echo "setup: installing NVRTC and ptxas from PyPI into .cuda/" >&2
+  python3 -m pip install -q --disable-pip-version-check --no-deps --upgrade --target "$root/.cuda" \
+    nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-nvcc-cu12==12.9.86 \
+    || echo "setup: NVRTC could not be installed; CUDA kernels will not be pre-compiled to PTX" >&2
+fi

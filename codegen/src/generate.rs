@@ -214,6 +214,7 @@ pub fn generate(
             }
         }
     }
+    remove_stale_ptx(&out_dir.join("cuda"), &jobs);
     let todo: Vec<_> = jobs.iter().filter(|(.., path)| !path.exists()).collect();
     let compiled = todo.len();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -250,6 +251,17 @@ pub fn generate(
         nvrtc: nvrtc_state,
         compiled,
     })
+}
+
+/// Deletes PTX files of earlier runs whose content hash no longer matches a module.
+fn remove_stale_ptx(dir: &Path, current: &[(Family, &str, u32, PathBuf)]) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "ptx") && !current.iter().any(|(.., p)| *p == path) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }
 
 fn table_source(

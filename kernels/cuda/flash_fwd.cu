@@ -11,7 +11,7 @@
 
 #define BLOCK_M (16 * WARPS)
 
-extern "C" __global__ void __launch_bounds__(32 * WARPS) KERNEL(
+extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ o, float* __restrict__ lse,
     int H, int Hk, int Lq, int Lk, float scale,
