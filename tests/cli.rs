@@ -31,7 +31,10 @@ fn info_json_has_every_module() {
         assert!(report[module].is_object(), "missing module {module}");
     }
     assert_eq!(report["cuda"]["is_built"], backends::cuda::is_built());
-    assert_eq!(report["cuda"]["kernels"]["code"], backends::kernels::cuda_code().to_string());
+    assert_eq!(
+        report["cuda"]["kernels"]["code"],
+        backends::kernels::cuda_code().to_string()
+    );
     assert_eq!(report["cuda"]["sdp"]["flash_sdp_enabled"]["value"], true);
     assert_eq!(
         report["cuda"]["sdp"]["flash_sdp_enabled"]["source"],

@@ -5,7 +5,9 @@
 
 use std::process::Command;
 
-use backends::kernels::{self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, lookup};
+use backends::kernels::{
+    self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, lookup,
+};
 use backends_codegen::variants;
 
 #[test]
@@ -15,12 +17,30 @@ fn the_table_holds_exactly_the_declared_variants() {
     for (entry, variant) in ENTRIES.iter().zip(&declared) {
         assert_eq!(entry.key, variant.key);
         assert_eq!(entry.name, variant.name);
-        assert_eq!(entry.cuda.is_some(), variant.cuda.is_some(), "{}", entry.name);
-        assert_eq!(entry.wgsl.is_some(), variant.wgsl.is_some(), "{}", entry.name);
+        assert_eq!(
+            entry.cuda.is_some(),
+            variant.cuda.is_some(),
+            "{}",
+            entry.name
+        );
+        assert_eq!(
+            entry.wgsl.is_some(),
+            variant.wgsl.is_some(),
+            "{}",
+            entry.name
+        );
         let found = lookup(&variant.key).expect("every declared key is found");
-        assert!(std::ptr::eq(found, entry), "{} looks up its own entry", entry.name);
+        assert!(
+            std::ptr::eq(found, entry),
+            "{} looks up its own entry",
+            entry.name
+        );
     }
-    let undeclared = KernelKey::FlashFwd(FlashKey { elem: kernels::Elem::F16, head_dim: 512, causal: false });
+    let undeclared = KernelKey::FlashFwd(FlashKey {
+        elem: kernels::Elem::F16,
+        head_dim: 512,
+        causal: false,
+    });
     assert!(lookup(&undeclared).is_none());
 }
 
@@ -30,30 +50,53 @@ fn every_wgsl_variant_validates_and_has_msl() {
         let Some(w) = &entry.wgsl else { continue };
         let msl = backends_codegen::generate::wgsl_to_msl(entry.name, w.wgsl)
             .unwrap_or_else(|e| panic!("naga rejects {}: {e}", entry.name));
-        assert_eq!(msl, w.msl, "{}: the embedded MSL is naga's translation", entry.name);
+        assert_eq!(
+            msl, w.msl,
+            "{}: the embedded MSL is naga's translation",
+            entry.name
+        );
         assert!(w.msl.contains("kernel void"), "{}", entry.name);
-        assert_eq!(w.needs_f16, w.wgsl.starts_with("enable f16;"), "{}", entry.name);
+        assert_eq!(
+            w.needs_f16,
+            w.wgsl.starts_with("enable f16;"),
+            "{}",
+            entry.name
+        );
     }
 }
 
 #[test]
 fn every_cuda_family_carries_its_source_and_hash() {
     for family in Family::ALL {
-        let wanted = ENTRIES.iter().filter(|e| e.key.family() == family && e.cuda.is_some());
+        let wanted = ENTRIES
+            .iter()
+            .filter(|e| e.key.family() == family && e.cuda.is_some());
         let module = kernels::cuda_module(family);
         if wanted.clone().count() == 0 {
             assert!(module.is_none());
             continue;
         }
         let module = module.expect("a family with CUDA variants has a module");
-        assert_eq!(module.hash, backends_codegen::generate::module_hash(module.source));
+        assert_eq!(
+            module.hash,
+            backends_codegen::generate::module_hash(module.source)
+        );
         for entry in wanted {
-            assert!(module.source.contains(&format!("namespace {} {{", entry.name)), "{}", entry.name);
+            assert!(
+                module
+                    .source
+                    .contains(&format!("namespace {} {{", entry.name)),
+                "{}",
+                entry.name
+            );
         }
     }
 }
 
-#[cfg_attr(not(backends_ptx), ignore = "no PTX was built: NVRTC was absent or hidden at build time")]
+#[cfg_attr(
+    not(backends_ptx),
+    ignore = "no PTX was built: NVRTC was absent or hidden at build time"
+)]
 #[test]
 fn every_cuda_variant_has_ptx_for_every_arch() {
     assert_eq!(kernels::PTX_ARCHS, CUDA_ARCHS);
@@ -61,9 +104,20 @@ fn every_cuda_variant_has_ptx_for_every_arch() {
         let archs: Vec<u32> = module.ptx.iter().map(|(sm, _)| *sm).collect();
         assert_eq!(archs, CUDA_ARCHS, "{}", module.family);
         for (sm, ptx) in module.ptx {
-            assert!(ptx.contains(&format!(".target sm_{sm}")), "{} sm_{sm}", module.family);
-            for entry in ENTRIES.iter().filter(|e| e.key.family() == module.family && e.cuda.is_some()) {
-                assert!(ptx.contains(&format!(".entry {}(", entry.name)), "{} in sm_{sm} PTX", entry.name);
+            assert!(
+                ptx.contains(&format!(".target sm_{sm}")),
+                "{} sm_{sm}",
+                module.family
+            );
+            for entry in ENTRIES
+                .iter()
+                .filter(|e| e.key.family() == module.family && e.cuda.is_some())
+            {
+                assert!(
+                    ptx.contains(&format!(".entry {}(", entry.name)),
+                    "{} in sm_{sm} PTX",
+                    entry.name
+                );
             }
         }
     }
@@ -90,7 +144,11 @@ fn parse_ptxas(log: &str, arch: u32) -> Vec<Resources> {
     for line in log.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default().to_string();
-            out.push(Resources { kernel: name, arch, ..Default::default() });
+            out.push(Resources {
+                kernel: name,
+                arch,
+                ..Default::default()
+            });
         } else if let Some(last) = out.last_mut() {
             if line.contains("spill stores") {
                 last.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
@@ -123,14 +181,23 @@ fn ptxas_accepts_every_kernel_and_the_hot_ones_do_not_spill() {
                 .output()
                 .expect("ptxas runs");
             let log = String::from_utf8_lossy(&output.stderr);
-            assert!(output.status.success(), "ptxas rejects {} for sm_{sm}:\n{log}", module.family);
+            assert!(
+                output.status.success(),
+                "ptxas rejects {} for sm_{sm}:\n{log}",
+                module.family
+            );
             report.extend(parse_ptxas(&log, *sm));
         }
     }
     let cuda_kernels = ENTRIES.iter().filter(|e| e.cuda.is_some()).count();
-    assert_eq!(report.len(), cuda_kernels * CUDA_ARCHS.len(), "one ptxas record per kernel and arch");
+    assert_eq!(
+        report.len(),
+        cuda_kernels * CUDA_ARCHS.len(),
+        "one ptxas record per kernel and arch"
+    );
 
-    let mut tsv = String::from("kernel\tarch\tregisters\tshared_bytes\tspill_stores\tspill_loads\n");
+    let mut tsv =
+        String::from("kernel\tarch\tregisters\tshared_bytes\tspill_stores\tspill_loads\n");
     for r in &report {
         tsv.push_str(&format!(
             "{}\tsm_{}\t{}\t{}\t{}\t{}\n",
@@ -142,12 +209,28 @@ fn ptxas_accepts_every_kernel_and_the_hot_ones_do_not_spill() {
     println!("ptxas report: {}\n{tsv}", path.display());
 
     for r in &report {
-        let entry = ENTRIES.iter().find(|e| e.name == r.kernel).expect("ptxas names a table kernel");
+        let entry = ENTRIES
+            .iter()
+            .find(|e| e.name == r.kernel)
+            .expect("ptxas names a table kernel");
         let cuda = entry.cuda.as_ref().unwrap();
-        assert_eq!(r.shared_bytes, cuda.shared_bytes, "{} sm_{}: the table's shared memory", r.kernel, r.arch);
-        let hot = matches!(entry.key.family(), Family::Gemm | Family::FlashFwd | Family::MemEffFwd);
+        assert_eq!(
+            r.shared_bytes, cuda.shared_bytes,
+            "{} sm_{}: the table's shared memory",
+            r.kernel, r.arch
+        );
+        let hot = matches!(
+            entry.key.family(),
+            Family::Gemm | Family::FlashFwd | Family::MemEffFwd
+        );
         if hot {
-            assert_eq!((r.spill_stores, r.spill_loads), (0, 0), "{} spills on sm_{}", r.kernel, r.arch);
+            assert_eq!(
+                (r.spill_stores, r.spill_loads),
+                (0, 0),
+                "{} spills on sm_{}",
+                r.kernel,
+                r.arch
+            );
         }
     }
 }
@@ -160,17 +243,33 @@ fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
         return true;
     }
     let output = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--test-threads=1", "--nocapture", "--include-ignored"])
+        .args([
+            name,
+            "--exact",
+            "--test-threads=1",
+            "--nocapture",
+            "--include-ignored",
+        ])
         .env(CHILD, "1")
         .envs(vars.iter().copied())
         .output()
         .unwrap();
-    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-    assert!(output.status.success() && log.contains("1 passed"), "child {name}:\n{log}");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && log.contains("1 passed"),
+        "child {name}:\n{log}"
+    );
     false
 }
 
-#[cfg_attr(not(backends_ptx), ignore = "needs NVRTC (it was absent or hidden at build time)")]
+#[cfg_attr(
+    not(backends_ptx),
+    ignore = "needs NVRTC (it was absent or hidden at build time)"
+)]
 #[test]
 fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ptx-cache");
@@ -178,9 +277,15 @@ fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
     let cache_text = cache.display().to_string();
     if !in_child(
         "jit_fallback_compiles_the_embedded_source_like_the_build_did",
-        &[(kernels::DISABLE_AOT_ENV, "1"), (kernels::CACHE_DIR_ENV, &cache_text)],
+        &[
+            (kernels::DISABLE_AOT_ENV, "1"),
+            (kernels::CACHE_DIR_ENV, &cache_text),
+        ],
     ) {
-        assert!(std::fs::read_dir(cache.join("ptx")).unwrap().count() > 0, "the JIT wrote its disk cache");
+        assert!(
+            std::fs::read_dir(cache.join("ptx")).unwrap().count() > 0,
+            "the JIT wrote its disk cache"
+        );
         return;
     }
     assert_eq!(kernels::cuda_code(), kernels::CudaCode::Jit);
@@ -188,10 +293,15 @@ fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
     let aot = module.ptx.iter().find(|(sm, _)| *sm == 80).unwrap().1;
     // sm_86 has no PTX of its own: the fallback targets the newest declared arch below it.
     let jit = kernels::ptx_for(Family::Softmax, 86).unwrap();
-    assert_eq!(jit, aot, "NVRTC is deterministic: run-time PTX equals build-time PTX");
+    assert_eq!(
+        jit, aot,
+        "NVRTC is deterministic: run-time PTX equals build-time PTX"
+    );
     let again = kernels::ptx_for(Family::Softmax, 86).unwrap();
     assert_eq!(again, jit);
-    let err = kernels::ptx_for(Family::Softmax, 75).unwrap_err().to_string();
+    let err = kernels::ptx_for(Family::Softmax, 75)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
 }
 

@@ -255,10 +255,13 @@ pub fn generate(
 
 /// Deletes PTX files of earlier runs whose content hash no longer matches a module.
 fn remove_stale_ptx(dir: &Path, current: &[(Family, &str, u32, PathBuf)]) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "ptx") && !current.iter().any(|(.., p)| *p == path) {
+        if path.extension().is_some_and(|e| e == "ptx") && !current.iter().any(|(.., p)| *p == path)
+        {
             let _ = std::fs::remove_file(path);
         }
     }
