@@ -32,12 +32,23 @@ impl Adapter {
 /// Every adapter wgpu finds on the compiled-in backends (honouring `WGPU_BACKEND`);
 /// empty where there is no driver.
 pub fn list() -> &'static [Adapter] {
-    static ADAPTERS: OnceLock<Vec<Adapter>> = OnceLock::new();
+    &found().0
+}
+
+/// The wgpu handle of adapter `index`.
+pub(crate) fn handle(index: usize) -> Option<&'static wgpu::Adapter> {
+    found().1.get(index)
+}
+
+/// The adapters, enumerated once: descriptions and handles in the same order.
+fn found() -> &'static (Vec<Adapter>, Vec<wgpu::Adapter>) {
+    static ADAPTERS: OnceLock<(Vec<Adapter>, Vec<wgpu::Adapter>)> = OnceLock::new();
     ADAPTERS.get_or_init(|| {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-            .into_iter()
+        let handles = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let infos = handles
+            .iter()
             .map(|adapter| {
                 let info = adapter.get_info();
                 let features = adapter.features();
@@ -52,7 +63,8 @@ pub fn list() -> &'static [Adapter] {
                     subgroups: features.contains(wgpu::Features::SUBGROUP),
                 }
             })
-            .collect()
+            .collect();
+        (infos, handles)
     })
 }
 

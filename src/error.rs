@@ -48,6 +48,46 @@ pub enum Error {
         /// The PTX ISA the kernels were generated as.
         needed: String,
     },
+    /// Operands live on different devices.
+    #[error("{op}: operands are on {a} and {b}; move them to one device with Tensor::to_device")]
+    DeviceMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The first operand's device.
+        a: crate::Device,
+        /// The other operand's device.
+        b: crate::Device,
+    },
+    /// An operand has another element type than the operation needs.
+    #[error("{op}: expected {expected}, got {got}; convert the operand first")]
+    DTypeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The element type needed.
+        expected: crate::DType,
+        /// The element type given.
+        got: crate::DType,
+    },
+    /// Operand shapes do not fit together.
+    #[error("{op}: {detail}")]
+    ShapeMismatch {
+        /// The operation.
+        op: &'static str,
+        /// What does not fit, with the shapes.
+        detail: String,
+    },
+    /// A device could not allocate memory.
+    #[error(
+        "out of memory on {device}: {bytes} bytes ({why}); use smaller inputs or another device"
+    )]
+    OutOfMemory {
+        /// The device.
+        device: crate::Device,
+        /// The allocation's size.
+        bytes: u64,
+        /// The device's answer.
+        why: String,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error in {call}: {detail}")]
     Driver {

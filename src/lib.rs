@@ -34,6 +34,7 @@
 pub mod adapters;
 pub mod attention;
 pub mod cpu;
+mod cpu_gemm;
 pub mod cuda;
 pub mod cudnn;
 pub mod cusparselt;
@@ -43,8 +44,10 @@ pub mod dtype;
 mod dylib;
 mod error;
 pub mod flag;
+mod gpu;
 pub mod info;
 pub mod kernels;
+mod matmul;
 pub mod mha;
 pub mod mkl;
 pub mod mkldnn;
@@ -53,7 +56,9 @@ pub mod nnpack;
 pub mod openmp;
 pub mod opt_einsum;
 mod precision;
+pub mod tensor;
 mod threads;
+mod trace;
 pub mod verbose;
 pub mod xeon;
 
@@ -66,12 +71,15 @@ pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use flag::{Flag, FlagSource, Guard, ScopedGuard};
+pub use matmul::{EMULATE_REDUCED_PRECISION, matmul};
 pub use precision::{
     FP32_PRECISION, Float32MatmulPrecision, Fp32Precision, float32_matmul_precision,
     float32_matmul_precision_scoped, fp32_precision, get_float32_matmul_precision,
     set_float32_matmul_precision, set_fp32_precision,
 };
+pub use tensor::{Element, Tensor};
 pub use threads::{NUM_THREADS, get_num_threads, set_num_threads};
+pub use trace::Capture as TraceCapture;
 
 /// The README's example, compiled and run as a doctest so that it stays true.
 #[doc = include_str!("../README.md")]

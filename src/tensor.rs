@@ -1,0 +1,317 @@
+//! A small tensor: a typed buffer on a device with a shape and element strides (views
+//! such as transposes share the buffer). Not a tensor library: just enough to feed kernels.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::{DType, Device, Error, Result};
+
+/// An element type a tensor can hold.
+pub trait Element: Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// Widens to f64 (exactly).
+    fn to_f64(self) -> f64;
+    /// Rounds an f64 to this type (to nearest).
+    fn from_f64(value: f64) -> Self;
+    /// Widens to f32 (exactly, except f64).
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to this type (to nearest).
+    fn from_f32(value: f32) -> Self;
+    #[doc(hidden)]
+    fn wrap(data: Vec<Self>) -> CpuData;
+    #[doc(hidden)]
+    fn unwrap(data: &CpuData) -> Option<&[Self]>;
+}
+
+macro_rules! element {
+    ($t:ty, $dtype:ident, $variant:ident, $to64:expr, $from64:expr, $to32:expr, $from32:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn to_f64(self) -> f64 {
+                $to64(self)
+            }
+            fn from_f64(value: f64) -> Self {
+                $from64(value)
+            }
+            fn to_f32(self) -> f32 {
+                $to32(self)
+            }
+            fn from_f32(value: f32) -> Self {
+                $from32(value)
+            }
+            fn wrap(data: Vec<Self>) -> CpuData {
+                CpuData::$variant(data)
+            }
+            fn unwrap(data: &CpuData) -> Option<&[Self]> {
+                match data {
+                    CpuData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, F32, f64::from, |v| v as f32, |v| v, |v| v);
+element!(f64, F64, F64, |v| v, |v| v, |v| v as f32, f64::from);
+element!(
+    f16,
+    F16,
+    F16,
+    f64::from,
+    f16::from_f64,
+    f32::from,
+    f16::from_f32
+);
+element!(
+    bf16,
+    Bf16,
+    Bf16,
+    f64::from,
+    bf16::from_f64,
+    f32::from,
+    bf16::from_f32
+);
+
+/// Host memory of one element type.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum CpuData {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+}
+
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Cpu(CpuData),
+    Wgpu(crate::gpu::Buffer),
+}
+
+/// A strided view of a typed buffer on a device.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    device: Device,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    strides
+}
+
+impl Tensor {
+    /// A contiguous tensor of `shape` holding `data` (row-major) on `device`.
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if data.len() != numel {
+            return Err(Error::ShapeMismatch {
+                op: "from_vec",
+                detail: format!(
+                    "{} elements cannot fill shape {shape:?} ({numel} elements)",
+                    data.len()
+                ),
+            });
+        }
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(T::wrap(data)),
+            Device::Wgpu(index) => Storage::Wgpu(crate::gpu::Buffer::upload(
+                index,
+                T::DTYPE,
+                bytemuck::cast_slice(&data),
+            )?),
+            Device::Cuda(_) => return Err(Self::no_cuda_tensors()),
+        };
+        Ok(Tensor::from_storage(storage, T::DTYPE, device, shape))
+    }
+
+    fn no_cuda_tensors() -> Error {
+        Error::Unavailable {
+            what: "CUDA tensors",
+            why: "this build runs CUDA kernels but has no CUDA tensor storage yet; use Device::Cpu or Device::Wgpu"
+                .into(),
+        }
+    }
+
+    pub(crate) fn from_storage(
+        storage: Storage,
+        dtype: DType,
+        device: Device,
+        shape: &[usize],
+    ) -> Tensor {
+        Tensor {
+            storage: Arc::new(storage),
+            dtype,
+            device,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    /// A tensor of `shape` on `device` whose every element is `value`.
+    pub fn full<T: Element>(value: T, shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_vec(vec![value; shape.iter().product()], shape, device)
+    }
+
+    /// Sizes, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Element strides, one per dimension.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Element offset of the first element in the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the elements are laid out row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.numel() == 0 || self.strides == contiguous_strides(&self.shape)
+    }
+
+    /// A view with dimensions `d0` and `d1` swapped (no copy).
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Tensor> {
+        let rank = self.shape.len();
+        if d0 >= rank || d1 >= rank {
+            return Err(Error::ShapeMismatch {
+                op: "transpose",
+                detail: format!("dimensions {d0} and {d1} of a {rank}-D tensor"),
+            });
+        }
+        let mut view = self.clone();
+        view.shape.swap(d0, d1);
+        view.strides.swap(d0, d1);
+        Ok(view)
+    }
+
+    /// The view with its last two dimensions swapped.
+    pub fn t(&self) -> Result<Tensor> {
+        let rank = self.shape.len();
+        if rank < 2 {
+            return Err(Error::ShapeMismatch {
+                op: "t",
+                detail: format!("a {rank}-D tensor has no matrix to transpose"),
+            });
+        }
+        self.transpose(rank - 2, rank - 1)
+    }
+
+    /// The elements in row-major order, copied to the host.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                expected: self.dtype,
+                got: T::DTYPE,
+            });
+        }
+        match &*self.storage {
+            Storage::Cpu(data) => {
+                let data = T::unwrap(data).expect("storage matches the tensor's dtype");
+                Ok(self.gather(data))
+            }
+            Storage::Wgpu(buffer) => {
+                let bytes = buffer.download()?;
+                let data: &[T] = bytemuck::cast_slice(&bytes);
+                Ok(self.gather(&data[..data.len().min(buffer.len() / std::mem::size_of::<T>())]))
+            }
+        }
+    }
+
+    /// Reads the view's elements from a buffer in row-major order.
+    fn gather<T: Copy>(&self, data: &[T]) -> Vec<T> {
+        if self.is_contiguous() {
+            return data[self.offset..self.offset + self.numel()].to_vec();
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        let mut index = vec![0usize; self.shape.len()];
+        for _ in 0..self.numel() {
+            let at = self.offset
+                + index
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>();
+            out.push(data[at]);
+            for d in (0..index.len()).rev() {
+                index[d] += 1;
+                if index[d] < self.shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        out
+    }
+
+    /// A contiguous copy on `device`.
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        macro_rules! copy {
+            ($t:ty) => {
+                Tensor::from_vec(self.to_vec::<$t>()?, &self.shape, device)
+            };
+        }
+        match self.dtype {
+            DType::F32 => copy!(f32),
+            DType::F64 => copy!(f64),
+            DType::F16 => copy!(f16),
+            DType::Bf16 => copy!(bf16),
+            DType::Bool => Err(Error::DTypeMismatch {
+                op: "to_device",
+                expected: DType::F32,
+                got: DType::Bool,
+            }),
+        }
+    }
+
+    /// The host data and view of a CPU tensor of element type `T`.
+    pub(crate) fn cpu_data<T: Element>(&self) -> Option<&[T]> {
+        match &*self.storage {
+            Storage::Cpu(data) => T::unwrap(data),
+            Storage::Wgpu(_) => None,
+        }
+    }
+
+    /// The device buffer of a wgpu tensor.
+    pub(crate) fn wgpu_buffer(&self) -> Option<&crate::gpu::Buffer> {
+        match &*self.storage {
+            Storage::Wgpu(buffer) => Some(buffer),
+            Storage::Cpu(_) => None,
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Helpers shared by the numeric tests: seeded random inputs, a float64 reference and the
+//! relative error ‖out − ref‖ / ‖ref‖.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Fresh pseudo-random values in [-1, 1): each call continues one process-wide stream
+/// seeded from the clock, so every run sees new inputs (the seed is printed on failure
+/// through the values' own messages).
+pub fn random(n: usize) -> Vec<f64> {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    if STATE.load(Ordering::Relaxed) == 0 {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        let _ = STATE.compare_exchange(0, seed, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    (0..n)
+        .map(|_| {
+            // splitmix64
+            let mut z = STATE
+                .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+                .wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// Row-major `m x n` product of row-major `a (m x k)` and `b (k x n)` in f64.
+pub fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let x = a[i * k + p];
+            for j in 0..n {
+                c[i * n + j] += x * b[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+/// ‖out − ref‖ / ‖ref‖ (Frobenius norms).
+pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len());
+    let diff: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (o - r) * (o - r))
+        .sum();
+    let norm: f64 = reference.iter().map(|r| r * r).sum();
+    (diff / norm).sqrt()
+}

@@ -1,0 +1,431 @@
+//! `matmul` on the CPU and on wgpu against a float64 reference, the precision flags'
+//! effects, determinism, the trace, and bad input.
+
+mod common;
+
+use backends::cuda::matmul as flags;
+use backends::{DType, Device, Element, Error, Fp32Precision, Tensor, matmul};
+use common::{random, reference, rel_err};
+use half::{bf16, f16};
+
+/// Sizes that are and are not multiples of every tile: (m, n, k).
+const SIZES: [(usize, usize, usize); 7] = [
+    (1, 1, 1),
+    (7, 7, 7),
+    (63, 63, 63),
+    (129, 129, 129),
+    (1000, 63, 129),
+    (129, 1000, 7),
+    (33, 17, 1000),
+];
+
+fn tensor<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_vec(
+        values.iter().map(|&v| T::from_f64(v)).collect(),
+        shape,
+        device,
+    )
+    .unwrap()
+}
+
+fn values<T: Element>(t: &Tensor) -> Vec<f64> {
+    t.to_vec::<T>()
+        .unwrap()
+        .into_iter()
+        .map(T::to_f64)
+        .collect()
+}
+
+/// Rounds values through `T` (what the kernel actually sees).
+fn through<T: Element>(v: &[f64]) -> Vec<f64> {
+    v.iter().map(|&x| T::from_f64(x).to_f64()).collect()
+}
+
+/// The relative error of one `m x k · k x n` product in `T` on `device`.
+fn error_of<T: Element>(device: Device, (m, n, k): (usize, usize, usize)) -> f64 {
+    let (a, b) = (random(m * k), random(k * n));
+    let out = matmul(
+        &tensor::<T>(&a, &[m, k], device),
+        &tensor::<T>(&b, &[k, n], device),
+    )
+    .unwrap();
+    assert_eq!(out.shape(), [m, n]);
+    let got = values::<T>(&out);
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "{m}x{n}x{k} on {device}: unwritten (NaN) elements"
+    );
+    rel_err(
+        &got,
+        &reference(&through::<T>(&a), &through::<T>(&b), m, n, k),
+    )
+}
+
+fn ieee() -> backends::ScopedGuard {
+    flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee)
+}
+
+#[test]
+fn cpu_f32_matches_the_f64_reference() {
+    let _p = ieee();
+    for size in SIZES {
+        let err = error_of::<f32>(Device::Cpu, size);
+        assert!(err < 1e-5, "{size:?}: {err}");
+    }
+}
+
+#[test]
+fn cpu_half_types_accumulate_in_f32() {
+    for size in SIZES {
+        let err = error_of::<bf16>(Device::Cpu, size);
+        assert!(err < 1e-2, "bf16 {size:?}: {err}");
+        let err = error_of::<f16>(Device::Cpu, size);
+        assert!(err < 2e-3, "f16 {size:?}: {err}");
+        let err = error_of::<f64>(Device::Cpu, size);
+        assert!(err < 1e-12, "f64 {size:?}: {err}");
+    }
+}
+
+#[test]
+fn transposed_and_batched_views() {
+    let _p = ieee();
+    let (batch, m, n, k) = (3, 37, 29, 45);
+    let (a, b) = (random(batch * k * m), random(batch * n * k));
+    // a is stored [batch, k, m] and b [batch, n, k]: multiply the transposed views.
+    let at = tensor::<f32>(&a, &[batch, k, m], Device::Cpu).t().unwrap();
+    let bt = tensor::<f32>(&b, &[batch, n, k], Device::Cpu).t().unwrap();
+    assert!(!at.is_contiguous());
+    let out = matmul(&at, &bt).unwrap();
+    assert_eq!(out.shape(), [batch, m, n]);
+    let got = values::<f32>(&out);
+    for i in 0..batch {
+        let ai: Vec<f64> = (0..m * k)
+            .map(|e| a[i * k * m + (e % k) * m + e / k])
+            .collect();
+        let bi: Vec<f64> = (0..k * n)
+            .map(|e| b[i * n * k + (e % n) * k + e / n])
+            .collect();
+        let err = rel_err(
+            &got[i * m * n..(i + 1) * m * n],
+            &reference(&ai, &bi, m, n, k),
+        );
+        assert!(err < 1e-5, "batch {i}: {err}");
+    }
+    // A 2-D operand broadcasts over the batch.
+    let shared = random(k * n);
+    let out = matmul(
+        &tensor::<f32>(&a, &[batch, m, k], Device::Cpu),
+        &tensor::<f32>(&shared, &[k, n], Device::Cpu),
+    )
+    .unwrap();
+    assert_eq!(out.shape(), [batch, m, n]);
+    let got = values::<f32>(&out);
+    let err = rel_err(
+        &got[m * n..2 * m * n],
+        &reference(&a[m * k..2 * m * k], &shared, m, n, k),
+    );
+    assert!(err < 1e-5, "{err}");
+}
+
+#[test]
+fn tf32_has_no_effect_on_the_cpu_unless_emulated() {
+    let size = (129, 129, 257);
+    let (a, b) = (random(size.0 * size.2), random(size.2 * size.1));
+    let run = || {
+        let out = matmul(
+            &tensor::<f32>(&a, &[size.0, size.2], Device::Cpu),
+            &tensor::<f32>(&b, &[size.2, size.1], Device::Cpu),
+        );
+        values::<f32>(&out.unwrap())
+    };
+    let want = reference(&a, &b, size.0, size.1, size.2);
+    let exact = {
+        let _p = ieee();
+        run()
+    };
+    let _tf32 = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+    assert_eq!(
+        run(),
+        exact,
+        "TF32 without emulation is IEEE fp32 on the CPU"
+    );
+    let _emulate = backends::EMULATE_REDUCED_PRECISION.guard_scoped(true);
+    let coarse = rel_err(&run(), &want);
+    let fine = rel_err(&exact, &want);
+    assert!(
+        coarse > 10.0 * fine && coarse < 1e-3,
+        "tf32 {coarse} vs ieee {fine}"
+    );
+}
+
+#[test]
+fn medium_precision_rounds_to_bf16_where_the_cpu_has_it() {
+    let size = (100, 90, 300);
+    let (a, b) = (random(size.0 * size.2), random(size.2 * size.1));
+    let want = reference(&a, &b, size.0, size.1, size.2);
+    let err = |level| {
+        let _g = backends::float32_matmul_precision_scoped(level);
+        let out = matmul(
+            &tensor::<f32>(&a, &[size.0, size.2], Device::Cpu),
+            &tensor::<f32>(&b, &[size.2, size.1], Device::Cpu),
+        );
+        rel_err(&values::<f32>(&out.unwrap()), &want)
+    };
+    let (highest, medium) = (
+        err(backends::Float32MatmulPrecision::Highest),
+        err(backends::Float32MatmulPrecision::Medium),
+    );
+    assert!(highest < 1e-5);
+    if backends::cpu::has_avx512_bf16() {
+        assert!(
+            medium > 10.0 * highest && medium < 1e-2,
+            "bf16 {medium} vs ieee {highest}"
+        );
+    } else {
+        assert_eq!(medium, highest);
+    }
+}
+
+#[test]
+fn results_are_bit_identical_across_runs_and_thread_counts() {
+    let _p = ieee();
+    let _d = backends::DETERMINISTIC_ALGORITHMS.guard_scoped(true);
+    let (m, n, k) = (150, 170, 600);
+    let a = tensor::<f32>(&random(m * k), &[m, k], Device::Cpu);
+    let b = tensor::<f32>(&random(k * n), &[k, n], Device::Cpu);
+    let first = matmul(&a, &b).unwrap().to_vec::<f32>().unwrap();
+    for threads in [1, 2, 3] {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        let again = matmul(&a, &b).unwrap().to_vec::<f32>().unwrap();
+        assert!(
+            first
+                .iter()
+                .zip(&again)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{threads} threads"
+        );
+    }
+}
+
+#[test]
+fn nan_propagates_to_its_row_only() {
+    let (m, n, k) = (9, 11, 13);
+    let mut a = random(m * k);
+    a[2 * k + 5] = f64::NAN;
+    let out = matmul(
+        &tensor::<f32>(&a, &[m, k], Device::Cpu),
+        &tensor::<f32>(&random(k * n), &[k, n], Device::Cpu),
+    )
+    .unwrap();
+    let got = values::<f32>(&out);
+    for (i, row) in got.chunks(n).enumerate() {
+        assert_eq!(row.iter().all(|v| v.is_nan()), i == 2, "row {i}: {row:?}");
+        assert!(i == 2 || row.iter().all(|v| v.is_finite()));
+    }
+}
+
+#[test]
+fn zero_sized_dimensions() {
+    let empty = matmul(
+        &Tensor::full(1f32, &[0, 5], Device::Cpu).unwrap(),
+        &Tensor::full(1f32, &[5, 3], Device::Cpu).unwrap(),
+    );
+    assert_eq!(empty.unwrap().shape(), [0, 3]);
+    let zeros = matmul(
+        &Tensor::full(1f32, &[4, 0], Device::Cpu).unwrap(),
+        &Tensor::full(1f32, &[0, 3], Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(zeros.shape(), [4, 3]);
+    assert!(zeros.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let a = Tensor::full(1f32, &[3, 4], Device::Cpu).unwrap();
+    let err = matmul(&a, &Tensor::full(1f32, &[5, 2], Device::Cpu).unwrap()).unwrap_err();
+    assert!(
+        matches!(err, Error::ShapeMismatch { .. }) && err.to_string().contains("4 != 5"),
+        "{err}"
+    );
+    let err = matmul(&a, &Tensor::full(bf16::ONE, &[4, 2], Device::Cpu).unwrap()).unwrap_err();
+    assert_eq!(
+        err,
+        Error::DTypeMismatch {
+            op: "matmul",
+            expected: DType::F32,
+            got: DType::Bf16
+        }
+    );
+    let err = matmul(&Tensor::full(1f32, &[4], Device::Cpu).unwrap(), &a).unwrap_err();
+    assert!(err.to_string().contains("2-D or 3-D"), "{err}");
+    let err = matmul(
+        &Tensor::full(1f32, &[2, 3, 4], Device::Cpu).unwrap(),
+        &Tensor::full(1f32, &[3, 4, 2], Device::Cpu).unwrap(),
+    );
+    assert!(err.unwrap_err().to_string().contains("do not broadcast"));
+    assert!(Tensor::from_vec(vec![1f32; 5], &[2, 3], Device::Cpu).is_err());
+    assert!(matches!(
+        a.to_vec::<f64>().unwrap_err(),
+        Error::DTypeMismatch { .. }
+    ));
+    if !backends::adapters::list().is_empty() {
+        let w = Tensor::full(1f32, &[4, 2], Device::Wgpu(0)).unwrap();
+        let err = matmul(&a, &w).unwrap_err();
+        assert_eq!(
+            err,
+            Error::DeviceMismatch {
+                op: "matmul",
+                a: Device::Cpu,
+                b: Device::Wgpu(0)
+            }
+        );
+    }
+    let missing = Tensor::full(1f32, &[2, 2], Device::Wgpu(99)).unwrap_err();
+    assert!(matches!(missing, Error::Unavailable { .. }), "{missing}");
+}
+
+#[test]
+fn the_trace_names_kernel_backend_dtype_shapes_and_precision() {
+    let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    let a = Tensor::full(1f32, &[8, 4], Device::Cpu).unwrap();
+    matmul(&a, &a.t().unwrap()).unwrap();
+    let lines = capture.take();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    let micro = match backends::cpu::get_cpu_capability() {
+        backends::cpu::CpuCapability::Avx512 => "avx512",
+        backends::cpu::CpuCapability::Avx2 => "avx2",
+        _ => "portable",
+    };
+    assert!(line.starts_with("backends_verbose,exec,cpu/"), "{line}");
+    assert!(
+        line.contains(micro) && line.contains("f32") && line.contains("[8, 4]x[4, 8]"),
+        "{line}"
+    );
+    assert!(
+        line.contains("tf32 requested") && line.contains("no effect") && line.ends_with("ms"),
+        "{line}"
+    );
+    drop(_v);
+    matmul(&a, &a.t().unwrap()).unwrap();
+    assert!(capture.take().is_empty(), "no trace with verbose off");
+}
+
+#[test]
+fn every_cpu_micro_kernel_level_gives_the_same_answer() {
+    // One child process per capability cap: AVX2 and the portable kernel must agree with the
+    // reference as the default level does.
+    if let Ok(level) = std::env::var("BACKENDS_TEST_CHILD_LEVEL") {
+        assert_eq!(backends::cpu::get_cpu_capability().to_string(), level);
+        let _p = ieee();
+        for size in SIZES {
+            let err = error_of::<f32>(Device::Cpu, size);
+            assert!(err < 1e-5, "{level} {size:?}: {err}");
+        }
+        return;
+    }
+    let detected = backends::cpu::detected_cpu_capability();
+    for (cap, shown) in [("avx2", "AVX2"), ("default", "DEFAULT")] {
+        if cap == "avx2"
+            && !matches!(
+                detected,
+                backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
+            )
+        {
+            continue;
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "every_cpu_micro_kernel_level_gives_the_same_answer",
+                "--exact",
+                "--test-threads=1",
+            ])
+            .env("ATEN_CPU_CAPABILITY", cap)
+            .env("BACKENDS_TEST_CHILD_LEVEL", shown)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && log.contains("1 passed"),
+            "{cap}: {log}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// The first wgpu adapter, or `None` (with the reason printed) on a machine without one.
+fn adapter() -> Option<Device> {
+    if backends::adapters::list().is_empty() {
+        eprintln!("skipped: no wgpu adapter (install mesa-vulkan-drivers)");
+        return None;
+    }
+    Some(Device::Wgpu(0))
+}
+
+#[test]
+fn wgpu_f32_matches_the_f64_reference() {
+    let Some(device) = adapter() else { return };
+    let _p = ieee();
+    for size in [
+        (1, 1, 1),
+        (7, 7, 7),
+        (63, 65, 63),
+        (129, 129, 129),
+        (200, 63, 129),
+        (33, 17, 300),
+    ] {
+        let err = error_of::<f32>(device, size);
+        assert!(err < 1e-5, "{size:?}: {err}");
+    }
+}
+
+#[test]
+fn wgpu_f16_where_the_adapter_has_it() {
+    let Some(device) = adapter() else { return };
+    if !backends::adapters::list()[0].shader_f16 {
+        let err = Tensor::full(f16::ONE, &[2, 2], device).unwrap_err();
+        assert!(err.to_string().contains("shader-f16"), "{err}");
+        return;
+    }
+    for size in [(7, 7, 7), (65, 63, 130)] {
+        let err = error_of::<f16>(device, size);
+        assert!(err < 2e-3, "{size:?}: {err}");
+    }
+}
+
+#[test]
+fn wgpu_views_batches_emulation_and_determinism() {
+    let Some(device) = adapter() else { return };
+    let _p = ieee();
+    let (batch, m, n, k) = (2, 40, 24, 70);
+    let (a, b) = (random(batch * k * m), random(k * n));
+    let at = tensor::<f32>(&a, &[batch, k, m], device).t().unwrap();
+    let bw = tensor::<f32>(&b, &[k, n], device);
+    let out = matmul(&at, &bw).unwrap();
+    assert_eq!(out.shape(), [batch, m, n]);
+    let got = values::<f32>(&out);
+    let a1: Vec<f64> = (0..m * k).map(|e| a[k * m + (e % k) * m + e / k]).collect();
+    let exact = reference(&a1, &b, m, n, k);
+    let fine = rel_err(&got[m * n..], &exact);
+    assert!(fine < 1e-5, "{fine}");
+    assert_eq!(
+        values::<f32>(&matmul(&at, &bw).unwrap()),
+        got,
+        "bit-identical run to run"
+    );
+    let _tf32 = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+    assert_eq!(
+        values::<f32>(&matmul(&at, &bw).unwrap()),
+        got,
+        "no TF32 on wgpu without emulation"
+    );
+    let _emulate = backends::EMULATE_REDUCED_PRECISION.guard_scoped(true);
+    let coarse = rel_err(&values::<f32>(&matmul(&at, &bw).unwrap())[m * n..], &exact);
+    assert!(
+        coarse > 10.0 * fine && coarse < 1e-3,
+        "tf32 {coarse} vs {fine}"
+    );
+}
