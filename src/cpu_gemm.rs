@@ -69,29 +69,14 @@ pub(crate) struct Micro {
 pub(crate) fn micro() -> Micro {
     match crate::cpu::get_cpu_capability() {
         #[cfg(target_arch = "x86_64")]
-        CpuCapability::Avx512 => Micro {
-            name: "avx512",
-            mr: 8,
-            nr: 32,
-            run: x86::micro_avx512,
-        },
+        CpuCapability::Avx512 => x86::AVX512,
         #[cfg(target_arch = "x86_64")]
-        CpuCapability::Avx2 => Micro {
-            name: "avx2",
-            mr: 6,
-            nr: 16,
-            run: x86::micro_avx2,
-        },
-        _ => Micro {
-            name: "portable",
-            mr: 4,
-            nr: 8,
-            run: micro_portable,
-        },
+        CpuCapability::Avx2 => x86::AVX2,
+        _ => PORTABLE,
     }
 }
 
-const KC: usize = 256;
+const KC: usize = 384;
 const NC: usize = 2048;
 
 /// `A (m x k) · B (k x n)` as a row-major `m x n` f32 matrix.
@@ -230,8 +215,12 @@ unsafe fn tile(
         unsafe { (mk.run)(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) };
         return;
     }
-    let mut scratch = [0f32; 8 * 32];
-    // SAFETY: the scratch tile holds mr x nr floats (at most 8 x 32) with row stride nr.
+    let mut scratch = [0f32; 1024];
+    assert!(
+        mk.mr * mk.nr <= scratch.len(),
+        "the scratch tile holds every micro-kernel's tile"
+    );
+    // SAFETY: the scratch tile holds mr x nr floats (asserted) with row stride nr.
     unsafe {
         (mk.run)(
             kc,
@@ -273,7 +262,12 @@ fn pack_a<T: Element>(
     for (p, panel) in out.chunks_mut(mr * kc).enumerate() {
         let row0 = (first_panel + p) * mr;
         for (i, dst) in (0..mr).map(|i| (i, row0 + i)) {
-            if dst < m {
+            if dst < m && a.cs == 1 {
+                let start = a.offset + dst * a.rs + pc;
+                for (step, x) in a.data[start..start + kc].iter().enumerate() {
+                    panel[step * mr + i] = rounding.apply(x.to_f32());
+                }
+            } else if dst < m {
                 for step in 0..kc {
                     panel[step * mr + i] = rounding.apply(a.at(dst, pc + step));
                 }
@@ -304,6 +298,13 @@ fn pack_b<T: Element>(
         let col0 = col_begin + (first_panel + p) * nr;
         for step in 0..kc {
             let row = &mut panel[step * nr..(step + 1) * nr];
+            if b.cs == 1 && col0 + nr <= col_end {
+                let start = b.offset + (pc + step) * b.rs + col0;
+                for (slot, x) in row.iter_mut().zip(&b.data[start..start + nr]) {
+                    *slot = rounding.apply(x.to_f32());
+                }
+                continue;
+            }
             for (j, slot) in row.iter_mut().enumerate() {
                 let col = col0 + j;
                 *slot = if col < col_end {
@@ -315,6 +316,14 @@ fn pack_b<T: Element>(
         }
     }
 }
+
+/// The portable micro-kernel and its tile.
+const PORTABLE: Micro = Micro {
+    name: "portable",
+    mr: 4,
+    nr: 8,
+    run: micro_portable,
+};
 
 /// # Safety
 /// `a` holds `kc * 4` floats, `b` `kc * 8`, and `c` 4 rows of 8 writable floats `ldc` apart
@@ -362,13 +371,24 @@ unsafe fn micro_portable(
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// 8 x 32 tile: 16 zmm accumulators, two B vectors and one A broadcast per step.
+    use super::Micro;
+
+    /// The AVX-512 micro-kernel and its tile.
+    pub(super) const AVX512: Micro = Micro {
+        name: "avx512",
+        mr: 6,
+        nr: 64,
+        run: micro_avx512::<6, 4>,
+    };
+
+    /// An `MR x (16 * NV)` tile: `MR * NV` zmm accumulators; per step, NV vectors of B and
+    /// one broadcast of A per row.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `a` holds `kc * 8` floats, `b` `kc * 32`, and `c` 8 rows of
-    /// 32 writable floats `ldc` apart.
+    /// The CPU has AVX-512F; `a` holds `kc * MR` floats, `b` `kc * 16 * NV`, and `c` MR rows
+    /// of `16 * NV` writable floats `ldc` apart.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_avx512(
+    unsafe fn micro_avx512<const MR: usize, const NV: usize>(
         kc: usize,
         a: *const f32,
         b: *const f32,
@@ -376,33 +396,45 @@ mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); 2]; 8];
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for step in 0..kc {
             // SAFETY: step < kc, so the reads stay inside the panels (caller).
             unsafe {
-                let b0 = _mm512_loadu_ps(b.add(step * 32));
-                let b1 = _mm512_loadu_ps(b.add(step * 32 + 16));
+                let mut bv = [_mm512_setzero_ps(); NV];
+                for (v, slot) in bv.iter_mut().enumerate() {
+                    *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));
+                }
                 for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm512_set1_ps(*a.add(step * 8 + i));
-                    row[0] = _mm512_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm512_fmadd_ps(ai, b1, row[1]);
+                    let ai = _mm512_set1_ps(*a.add(step * MR + i));
+                    for (x, &bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_fmadd_ps(ai, bx, *x);
+                    }
                 }
             }
         }
         for (i, row) in acc.iter().enumerate() {
-            // SAFETY: row i of the tile has 32 writable floats (caller).
-            unsafe {
-                let cr = c.add(i * ldc);
-                let (mut v0, mut v1) = (row[0], row[1]);
-                if accumulate {
-                    v0 = _mm512_add_ps(_mm512_loadu_ps(cr), v0);
-                    v1 = _mm512_add_ps(_mm512_loadu_ps(cr.add(16)), v1);
+            for (v, &x) in row.iter().enumerate() {
+                // SAFETY: row i of the tile has 16 * NV writable floats (caller).
+                unsafe {
+                    let cv = c.add(i * ldc + v * 16);
+                    let out = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(cv), x)
+                    } else {
+                        x
+                    };
+                    _mm512_storeu_ps(cv, out);
                 }
-                _mm512_storeu_ps(cr, v0);
-                _mm512_storeu_ps(cr.add(16), v1);
             }
         }
     }
+
+    /// The AVX2 micro-kernel and its tile.
+    pub(super) const AVX2: Micro = Micro {
+        name: "avx2",
+        mr: 6,
+        nr: 16,
+        run: micro_avx2,
+    };
 
     /// 6 x 16 tile: 12 ymm accumulators, two B vectors and one A broadcast per step.
     ///
@@ -410,7 +442,7 @@ mod x86 {
     /// The CPU has AVX2 and FMA; `a` holds `kc * 6` floats, `b` `kc * 16`, and `c` 6 rows
     /// of 16 writable floats `ldc` apart.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_avx2(
+    unsafe fn micro_avx2(
         kc: usize,
         a: *const f32,
         b: *const f32,
