@@ -17,6 +17,18 @@ pub enum Device {
     Cuda(usize),
 }
 
+impl Device {
+    /// The fastest device tensors can live on here: a real GPU among the wgpu adapters,
+    /// else the CPU. (CUDA devices are not chosen yet: tensors have no CUDA storage; the
+    /// CUDA kernels are built and loaded by [`crate::cuda::loader`].)
+    pub fn best() -> Device {
+        crate::adapters::list()
+            .iter()
+            .position(|a| a.is_gpu())
+            .map_or(Device::Cpu, Device::Wgpu)
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -56,6 +56,7 @@ pub mod nnpack;
 pub mod openmp;
 pub mod opt_einsum;
 mod precision;
+pub mod selfcheck;
 pub mod tensor;
 mod threads;
 mod trace;

@@ -56,8 +56,31 @@ fn main() -> ExitCode {
         }
         None => {
             let mut text = backends::info::render_text(&backends::info::report());
-            text.push_str("\nself-checks: no kernel is built yet, so there is nothing to check\n");
-            text
+            text.push_str(&format!(
+                "\nself-checks (best device: {})\n",
+                backends::Device::best()
+            ));
+            let checks = backends::selfcheck::run();
+            for c in &checks {
+                let verdict = if c.passed() { "ok" } else { "FAILED" };
+                let detail = match &c.outcome {
+                    Ok(err) => format!(
+                        "rel. error {err:.2e} (bound {:.0e}), {:.2} ms",
+                        c.bound, c.millis
+                    ),
+                    Err(why) => why.clone(),
+                };
+                text.push_str(&format!(
+                    "  {verdict:6} {} on {}: {detail}\n",
+                    c.name, c.device
+                ));
+            }
+            let code = print_or_exit(&text);
+            return if checks.iter().all(|c| c.passed()) {
+                code
+            } else {
+                ExitCode::FAILURE
+            };
         }
     };
     print_or_exit(&text)
