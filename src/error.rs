@@ -1,7 +1,7 @@
 //! The crate's error type: every fallible call returns [`Result`].
 
 /// Everything that can go wrong in this library. Each message says what to do about it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
     /// A string option got a spelling that PyTorch does not use.
@@ -87,6 +87,12 @@ pub enum Error {
         bytes: u64,
         /// The device's answer.
         why: String,
+    },
+    /// No enabled SDPA backend can serve the call; every enabled backend's reasons are listed.
+    #[error("{}", crate::attention::no_kernel_message(reasons))]
+    NoAvailableKernel {
+        /// Each enabled backend with its reasons.
+        reasons: Vec<crate::attention::Verdict>,
     },
     /// A CUDA driver call failed.
     #[error("CUDA driver error in {call}: {detail}")]

@@ -14,12 +14,137 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Says, for each SDPA backend, whether it can serve a call of this shape, and why not.
+    Explain {
+        /// Batch, heads, query length, key length, head dim: `B,H,Lq,Lk,D`.
+        #[arg(long, value_parser = parse_shape)]
+        shape: [usize; 5],
+        /// Element type (`f32`, `f16`, `bf16`, `f64`).
+        #[arg(long, default_value = "f32")]
+        dtype: backends::DType,
+        /// Causal (top-left aligned) masking.
+        #[arg(long)]
+        causal: bool,
+        /// An attention mask of shape `[Lq, Lk]`: `bool` or `float` (additive).
+        #[arg(long)]
+        mask: Option<MaskKind>,
+        /// Dropout probability.
+        #[arg(long, default_value_t = 0.0)]
+        dropout: f64,
+        /// The device (`cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`); default: the best one here.
+        #[arg(long)]
+        device: Option<backends::Device>,
+        /// For a CUDA device: assume one of this compute capability (e.g. `9.0`) is present,
+        /// to plan on a machine without it.
+        #[arg(long, value_parser = parse_sm)]
+        sm: Option<(u32, u32)>,
+    },
     /// Prints every module's capabilities and flags (and where each value came from).
     Info {
         /// Prints one JSON object keyed by module name instead of text.
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum MaskKind {
+    Bool,
+    Float,
+}
+
+fn parse_shape(text: &str) -> Result<[usize; 5], String> {
+    let dims: Vec<usize> = text
+        .split(',')
+        .map(|d| d.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    dims.try_into()
+        .map_err(|d: Vec<usize>| format!("expected B,H,Lq,Lk,D (5 numbers), got {}", d.len()))
+}
+
+fn parse_sm(text: &str) -> Result<(u32, u32), String> {
+    let (major, minor) = text
+        .split_once('.')
+        .ok_or("expected MAJOR.MINOR, e.g. 9.0")?;
+    Ok((
+        major.parse().map_err(|_| "bad major version")?,
+        minor.parse().map_err(|_| "bad minor version")?,
+    ))
+}
+
+/// What `backends explain` asks about.
+struct Query {
+    shape: [usize; 5],
+    dtype: backends::DType,
+    causal: bool,
+    mask: Option<MaskKind>,
+    dropout: f64,
+    device: backends::Device,
+    sm: Option<(u32, u32)>,
+}
+
+fn explain(
+    Query {
+        shape,
+        dtype,
+        causal,
+        mask,
+        dropout,
+        device,
+        sm,
+    }: Query,
+) -> String {
+    use backends::attention::{DeviceCaps, explain_with, select_with};
+    use backends::cuda::{SDPAParams, TensorMeta};
+    let [b, h, lq, lk, d] = shape;
+    let meta = |s: &[usize], dt| TensorMeta::contiguous(s, dt, device);
+    let params = SDPAParams {
+        query: meta(&[b, h, lq, d], dtype),
+        key: meta(&[b, h, lk, d], dtype),
+        value: meta(&[b, h, lk, d], dtype),
+        attn_mask: mask.map(|m| {
+            meta(
+                &[lq, lk],
+                if matches!(m, MaskKind::Bool) {
+                    backends::DType::Bool
+                } else {
+                    dtype
+                },
+            )
+        }),
+        dropout,
+        is_causal: causal,
+        enable_gqa: false,
+    };
+    let mut text = format!(
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {dtype}, causal {causal}, on {device}\n"
+    );
+    let mut caps = DeviceCaps::of(device);
+    if let (Some(sm), backends::Device::Cuda(_)) = (sm, device) {
+        caps.present = true;
+        caps.sm = Some(sm);
+        text.push_str(&format!(
+            "(assuming a CUDA device of compute capability {}.{})\n",
+            sm.0, sm.1
+        ));
+    }
+    for (backend, reasons) in explain_with(&params, &caps) {
+        if reasons.is_empty() {
+            text.push_str(&format!("  {backend}: usable\n"));
+        }
+        for reason in reasons {
+            text.push_str(&format!("  {backend}: {reason}\n"));
+        }
+    }
+    match select_with(&params, &caps) {
+        Ok(backend) => text.push_str(&format!("selected: {backend}\n")),
+        Err(err) => text.push_str(&format!(
+            "selected: none ({})\n",
+            err.to_string().lines().last().unwrap_or_default()
+        )),
+    }
+    text
 }
 
 /// Prints warnings from this library (and errors from any crate) to stderr.
@@ -50,6 +175,26 @@ fn main() -> ExitCode {
     let _ = log::set_logger(&StderrLogger).map(|()| log::set_max_level(log::LevelFilter::Warn));
     let cli = Cli::parse();
     let text = match cli.command {
+        Some(Command::Explain {
+            shape,
+            dtype,
+            causal,
+            mask,
+            dropout,
+            device,
+            sm,
+        }) => {
+            let device = device.unwrap_or_else(backends::Device::best);
+            explain(Query {
+                shape,
+                dtype,
+                causal,
+                mask,
+                dropout,
+                device,
+                sm,
+            })
+        }
         Some(Command::Info { json: true }) => format!("{:#}\n", backends::info::report()),
         Some(Command::Info { json: false }) => {
             backends::info::render_text(&backends::info::report())

@@ -92,3 +92,82 @@ fn unknown_subcommand_is_a_usage_error() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("Usage"));
 }
+
+#[test]
+fn explain_lists_every_backend_and_the_selection() {
+    let text = run(
+        &[
+            "explain",
+            "--shape",
+            "2,16,512,300,64",
+            "--dtype",
+            "f32",
+            "--mask",
+            "bool",
+            "--dropout",
+            "0.1",
+            "--device",
+            "cpu",
+        ],
+        &[],
+    );
+    assert!(
+        text.contains("FLASH_ATTENTION: does not support dropout; got dropout_p 0.1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("EFFICIENT_ATTENTION: has no kernel for cpu tensors"),
+        "{text}"
+    );
+    assert!(text.contains("MATH: usable"), "{text}");
+    assert!(text.trim_end().ends_with("selected: MATH"), "{text}");
+
+    let planned = run(
+        &[
+            "explain",
+            "--shape",
+            "1,8,128,128,64",
+            "--dtype",
+            "bf16",
+            "--device",
+            "cuda",
+            "--sm",
+            "8.0",
+        ],
+        &[],
+    );
+    assert!(
+        planned.contains("FLASH_ATTENTION: usable")
+            && planned.contains("selected: FLASH_ATTENTION"),
+        "{planned}"
+    );
+    let old = run(
+        &[
+            "explain",
+            "--shape",
+            "1,8,128,128,64",
+            "--dtype",
+            "bf16",
+            "--device",
+            "cuda",
+            "--sm",
+            "7.5",
+        ],
+        &[],
+    );
+    assert!(
+        old.contains("compute capability sm80 or newer; this one is sm75")
+            && old.contains("selected: MATH"),
+        "{old}"
+    );
+}
+
+#[test]
+fn explain_rejects_a_bad_shape() {
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args(["explain", "--shape", "2,16,512"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("B,H,Lq,Lk,D"));
+}

@@ -11,6 +11,9 @@ pub mod loader;
 pub mod matmul;
 pub mod sdp;
 
+pub use crate::attention::{
+    can_use_cudnn_attention, can_use_efficient_attention, can_use_flash_attention,
+};
 pub use driver::DeviceProperties;
 #[allow(deprecated)]
 pub use sdp::sdp_kernel;

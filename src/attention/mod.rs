@@ -1,4 +1,13 @@
-//! `torch.nn.attention`: the SDPA backends and the `sdpa_kernel` guard.
+//! `torch.nn.attention`: the SDPA backends, the `sdpa_kernel` guard, and the selection of
+//! the backend that serves a call.
+
+mod select;
+
+pub(crate) use select::no_kernel_message;
+pub use select::{
+    DeviceCaps, Reason, Verdict, can_use_cudnn_attention, can_use_efficient_attention,
+    can_use_flash_attention, check, explain, explain_with, select_with, selected_backend, validate,
+};
 
 use std::fmt;
 

@@ -1,0 +1,578 @@
+//! SDPA backend selection as SPEC.md section 2 describes it: per-backend checks with typed
+//! reasons, the priority walk, and PyTorch's "No available kernel" error.
+
+use std::fmt;
+
+use super::SdpBackend;
+use crate::cuda::{SDPAParams, TensorMeta};
+use crate::{DType, Device, Error, Result};
+
+/// The facts about a device that the checks read. [`DeviceCaps::of`] asks the machine;
+/// tests and "what if" queries can build one by hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceCaps {
+    /// The device.
+    pub device: Device,
+    /// Whether it is present and usable here.
+    pub present: bool,
+    /// CUDA compute capability `(major, minor)`.
+    pub sm: Option<(u32, u32)>,
+    /// wgpu: the adapter has `shader-f16`.
+    pub shader_f16: bool,
+    /// cuDNN's version where it loads (e.g. 90100).
+    pub cudnn_version: Option<u32>,
+}
+
+impl DeviceCaps {
+    /// What this machine reports about `device`.
+    pub fn of(device: Device) -> DeviceCaps {
+        match device {
+            Device::Cpu => DeviceCaps {
+                device,
+                present: true,
+                sm: None,
+                shader_f16: false,
+                cudnn_version: None,
+            },
+            Device::Cuda(i) => DeviceCaps {
+                device,
+                present: i < crate::cuda::device_count(),
+                sm: crate::cuda::get_device_capability(i),
+                shader_f16: false,
+                cudnn_version: crate::cudnn::version(),
+            },
+            Device::Wgpu(i) => {
+                let adapter = crate::adapters::list().get(i);
+                DeviceCaps {
+                    device,
+                    present: adapter.is_some(),
+                    sm: None,
+                    shader_f16: adapter.is_some_and(|a| a.shader_f16),
+                    cudnn_version: None,
+                }
+            }
+        }
+    }
+}
+
+/// Why a backend cannot serve a call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reason {
+    /// Turned off (`enable_*_sdp(false)` or outside an `sdpa_kernel` list).
+    Disabled,
+    /// The backend has no kernel for this kind of device.
+    UnsupportedDevice(Device),
+    /// The device is not present on this machine.
+    DeviceMissing(Device),
+    /// Only 4-D (or 3-D unbatched) inputs are fused.
+    Rank {
+        /// Rank of q.
+        query: usize,
+    },
+    /// The element type is not one the backend takes on this device.
+    Dtype {
+        /// The inputs' type.
+        got: DType,
+        /// What it takes.
+        accepted: Vec<DType>,
+    },
+    /// The GPU is older than the backend needs.
+    Arch {
+        /// The device's compute capability.
+        have: (u32, u32),
+        /// The lowest it takes.
+        min: (u32, u32),
+    },
+    /// q, k, v head dims break the backend's rule.
+    HeadDim {
+        /// q's last dimension.
+        query: usize,
+        /// k's last dimension.
+        key: usize,
+        /// v's last dimension.
+        value: usize,
+        /// The rule, in words.
+        rule: String,
+    },
+    /// The backend takes no `attn_mask` (only `is_causal`).
+    AttnMask,
+    /// Causal masking with `Lq != Lk` (the backend aligns bottom-right, PyTorch top-left).
+    CausalNonSquare {
+        /// Query length.
+        lq: usize,
+        /// Key length.
+        lk: usize,
+    },
+    /// The backend applies no dropout.
+    Dropout(f64),
+    /// The backend does not do grouped-query attention.
+    Gqa,
+    /// A zero-length sequence.
+    ZeroLength {
+        /// Query length.
+        lq: usize,
+        /// Key length.
+        lk: usize,
+    },
+    /// The last dimension of an input is not contiguous.
+    LastDimStride {
+        /// Last-dimension strides of q, k, v.
+        strides: [usize; 3],
+    },
+    /// A library the backend needs is missing or too old.
+    Library(String),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Disabled => write!(f, "is disabled (enable it or list it in sdpa_kernel)"),
+            Reason::UnsupportedDevice(d) => write!(f, "has no kernel for {d} tensors"),
+            Reason::DeviceMissing(d) => write!(f, "cannot run: {d} is not present on this machine"),
+            Reason::Rank { query } => {
+                write!(
+                    f,
+                    "requires query, key and value to be 4-dimensional (or 3-D unbatched), but got Query dim: {query}"
+                )
+            }
+            Reason::Dtype { got, accepted } => {
+                let names: Vec<String> = accepted.iter().map(|d| d.to_string()).collect();
+                write!(
+                    f,
+                    "requires query, key and value to be of dtype {}; got {got}",
+                    names.join(", ")
+                )
+            }
+            Reason::Arch { have, min } => write!(
+                f,
+                "requires a GPU of compute capability sm{}{} or newer; this one is sm{}{}",
+                min.0, min.1, have.0, have.1
+            ),
+            Reason::HeadDim {
+                query,
+                key,
+                value,
+                rule,
+            } => write!(
+                f,
+                "requires {rule}. Got Query.size(-1): {query}, Key.size(-1): {key}, Value.size(-1): {value} instead."
+            ),
+            Reason::AttnMask => write!(f, "does not support non-null attn_mask"),
+            Reason::CausalNonSquare { lq, lk } => write!(
+                f,
+                "does not support is_causal with query length {lq} != key length {lk} (its causal mask is bottom-right aligned)"
+            ),
+            Reason::Dropout(p) => write!(f, "does not support dropout; got dropout_p {p}"),
+            Reason::Gqa => write!(f, "does not support enable_gqa"),
+            Reason::ZeroLength { lq, lk } => {
+                write!(
+                    f,
+                    "does not support zero-length sequences; got query length {lq}, key length {lk}"
+                )
+            }
+            Reason::LastDimStride { strides } => write!(
+                f,
+                "requires the last dimension of query, key and value to be contiguous; got strides {}, {}, {}",
+                strides[0], strides[1], strides[2]
+            ),
+            Reason::Library(why) => write!(f, "cannot run: {why}"),
+        }
+    }
+}
+
+/// One backend's verdict: the reasons it cannot serve, empty when it can.
+pub type Verdict = (SdpBackend, Vec<Reason>);
+
+/// The backend's display name in PyTorch's messages.
+fn title(backend: SdpBackend) -> &'static str {
+    match backend {
+        SdpBackend::Flash => "Flash attention",
+        SdpBackend::MemEfficient => "Memory efficient attention",
+        SdpBackend::Math => "Math attention",
+        SdpBackend::Cudnn => "cuDNN attention",
+    }
+}
+
+/// Checks the inputs every backend needs: ranks, batch and head counts, lengths, head
+/// dims, dtypes, devices, mask, dropout. Breaking one is an error, not a reason.
+pub fn validate(p: &SDPAParams) -> Result<()> {
+    let (q, k, v) = (&p.query, &p.key, &p.value);
+    let bad = |detail: String| {
+        Err(Error::ShapeMismatch {
+            op: "scaled_dot_product_attention",
+            detail,
+        })
+    };
+    if ![q, k, v].iter().all(|t| t.shape.len() == q.shape.len())
+        || !(3..=4).contains(&q.shape.len())
+    {
+        return bad(format!(
+            "query, key and value must all be 3-D or all 4-D; got {:?}, {:?}, {:?}",
+            q.shape, k.shape, v.shape
+        ));
+    }
+    let r = q.shape.len();
+    let (hq, hk, hv) = (q.shape[r - 3], k.shape[r - 3], v.shape[r - 3]);
+    if r == 4 && !(q.shape[0] == k.shape[0] && k.shape[0] == v.shape[0]) {
+        return bad(format!(
+            "batch sizes differ: {:?}, {:?}, {:?}",
+            q.shape, k.shape, v.shape
+        ));
+    }
+    if hk != hv || (hq != hk && !(p.enable_gqa && hk > 0 && hq % hk == 0)) {
+        return bad(format!(
+            "query has {hq} heads and key/value {hk}/{hv}: they must match, or with enable_gqa key and value must \
+             share a head count that divides the query's"
+        ));
+    }
+    if k.shape[r - 2] != v.shape[r - 2] {
+        return bad(format!(
+            "key length {} != value length {}",
+            k.shape[r - 2],
+            v.shape[r - 2]
+        ));
+    }
+    if q.shape[r - 1] != k.shape[r - 1] {
+        return bad(format!(
+            "query head dim {} != key head dim {}",
+            q.shape[r - 1],
+            k.shape[r - 1]
+        ));
+    }
+    for t in [k, v] {
+        if t.dtype != q.dtype {
+            return Err(Error::DTypeMismatch {
+                op: "scaled_dot_product_attention",
+                expected: q.dtype,
+                got: t.dtype,
+            });
+        }
+        if t.device != q.device {
+            return Err(Error::DeviceMismatch {
+                op: "scaled_dot_product_attention",
+                a: q.device,
+                b: t.device,
+            });
+        }
+    }
+    if !q.dtype.is_float() {
+        return Err(Error::DTypeMismatch {
+            op: "scaled_dot_product_attention",
+            expected: DType::F32,
+            got: q.dtype,
+        });
+    }
+    if !(0.0..1.0).contains(&p.dropout) {
+        return Err(Error::InvalidArgument {
+            what: "dropout_p",
+            why: format!("{} is not in [0, 1)", p.dropout),
+        });
+    }
+    if let Some(m) = &p.attn_mask {
+        check_mask(p, m)?;
+    }
+    Ok(())
+}
+
+fn check_mask(p: &SDPAParams, m: &TensorMeta) -> Result<()> {
+    let r = p.query.shape.len();
+    let target = [
+        if r == 4 { p.query.shape[0] } else { 1 },
+        p.query.shape[r - 3],
+        p.query.shape[r - 2],
+        p.key.shape[r - 2],
+    ];
+    let fits = m.shape.len() <= 4
+        && m.shape
+            .iter()
+            .rev()
+            .zip(target.iter().rev())
+            .all(|(&have, &want)| have == want || have == 1);
+    if !fits {
+        return Err(Error::ShapeMismatch {
+            op: "scaled_dot_product_attention",
+            detail: format!(
+                "attn_mask of shape {:?} does not broadcast to {target:?}",
+                m.shape
+            ),
+        });
+    }
+    if m.dtype != DType::Bool && m.dtype != p.query.dtype {
+        return Err(Error::DTypeMismatch {
+            op: "attn_mask",
+            expected: p.query.dtype,
+            got: m.dtype,
+        });
+    }
+    if m.device != p.query.device {
+        return Err(Error::DeviceMismatch {
+            op: "attn_mask",
+            a: p.query.device,
+            b: m.device,
+        });
+    }
+    Ok(())
+}
+
+/// Sequence lengths (Lq, Lk) and head dims (q, k, v).
+fn dims(p: &SDPAParams) -> ((usize, usize), [usize; 3]) {
+    let r = p.query.shape.len();
+    let last = |t: &TensorMeta| t.shape.last().copied().unwrap_or(0);
+    (
+        (
+            p.query.shape.get(r.wrapping_sub(2)).copied().unwrap_or(0),
+            p.key.shape.get(r.wrapping_sub(2)).copied().unwrap_or(0),
+        ),
+        [last(&p.query), last(&p.key), last(&p.value)],
+    )
+}
+
+fn common(p: &SDPAParams, caps: &DeviceCaps, reasons: &mut Vec<Reason>) {
+    let ((lq, lk), _) = dims(p);
+    if !caps.present {
+        reasons.push(Reason::DeviceMissing(caps.device));
+    }
+    if !(3..=4).contains(&p.query.shape.len()) {
+        reasons.push(Reason::Rank {
+            query: p.query.shape.len(),
+        });
+    }
+    if lq == 0 || lk == 0 {
+        reasons.push(Reason::ZeroLength { lq, lk });
+    }
+    let strides = [&p.query, &p.key, &p.value].map(|t| t.strides.last().copied().unwrap_or(1));
+    if strides.iter().any(|&s| s != 1) {
+        reasons.push(Reason::LastDimStride { strides });
+    }
+}
+
+fn dtype(p: &SDPAParams, accepted: &[DType], reasons: &mut Vec<Reason>) {
+    if !accepted.contains(&p.query.dtype) {
+        reasons.push(Reason::Dtype {
+            got: p.query.dtype,
+            accepted: accepted.to_vec(),
+        });
+    }
+}
+
+fn arch(caps: &DeviceCaps, min: (u32, u32), reasons: &mut Vec<Reason>) {
+    if let Some(have) = caps.sm
+        && have < min
+    {
+        reasons.push(Reason::Arch { have, min });
+    }
+}
+
+fn causal_square(p: &SDPAParams, reasons: &mut Vec<Reason>) {
+    let ((lq, lk), _) = dims(p);
+    if p.is_causal && lq != lk {
+        reasons.push(Reason::CausalNonSquare { lq, lk });
+    }
+}
+
+fn gqa_heads(p: &SDPAParams) -> bool {
+    let r = p.query.shape.len();
+    p.enable_gqa && r >= 3 && p.query.shape[r - 3] != p.key.shape[r - 3]
+}
+
+/// The reasons `backend` cannot serve `params` on a device described by `caps` (empty:
+/// it can), ignoring whether the backend is enabled.
+pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reason> {
+    let mut reasons = Vec::new();
+    if backend == SdpBackend::Math {
+        if !caps.present {
+            reasons.push(Reason::DeviceMissing(caps.device));
+        }
+        return reasons;
+    }
+    let (_, [dq, dk, dv]) = dims(p);
+    let is_16 = matches!(p.query.dtype, DType::F16 | DType::Bf16);
+    let kind = caps.device;
+    match (backend, kind) {
+        (SdpBackend::Flash, Device::Cpu) => {
+            common(p, caps, &mut reasons);
+            dtype(
+                p,
+                &[DType::F32, DType::F64, DType::Bf16, DType::F16],
+                &mut reasons,
+            );
+            if p.dropout > 0.0 {
+                reasons.push(Reason::Dropout(p.dropout));
+            }
+        }
+        (SdpBackend::Flash, Device::Cuda(_) | Device::Wgpu(_)) => {
+            common(p, caps, &mut reasons);
+            let accepted: &[DType] = match kind {
+                Device::Wgpu(_) if caps.shader_f16 => &[DType::F16, DType::F32],
+                Device::Wgpu(_) => &[DType::F32],
+                _ => &[DType::F16, DType::Bf16],
+            };
+            dtype(p, accepted, &mut reasons);
+            arch(caps, (8, 0), &mut reasons);
+            if !(dq == dk && dk == dv && dq <= 256) {
+                reasons.push(Reason::HeadDim {
+                    query: dq,
+                    key: dk,
+                    value: dv,
+                    rule:
+                        "q,k,v to have the same last dimension and to be less than or equal to 256"
+                            .into(),
+                });
+            }
+            if p.attn_mask.is_some() {
+                reasons.push(Reason::AttnMask);
+            }
+            causal_square(p, &mut reasons);
+        }
+        (SdpBackend::MemEfficient, Device::Cuda(_) | Device::Wgpu(_)) => {
+            common(p, caps, &mut reasons);
+            let accepted: Vec<DType> = match kind {
+                Device::Wgpu(_) if caps.shader_f16 => vec![DType::F32, DType::F16],
+                Device::Wgpu(_) => vec![DType::F32],
+                _ if caps.sm.is_none_or(|sm| sm >= (8, 0)) => {
+                    vec![DType::F32, DType::F16, DType::Bf16]
+                }
+                _ => vec![DType::F32, DType::F16],
+            };
+            dtype(p, &accepted, &mut reasons);
+            arch(caps, (5, 0), &mut reasons);
+            let multiple = if is_16 { 8 } else { 4 };
+            if dq % multiple != 0 || dv % multiple != 0 || dq.max(dv) > 256 {
+                reasons.push(Reason::HeadDim {
+                    query: dq,
+                    key: dk,
+                    value: dv,
+                    rule: format!("the last dimension of the inputs to be divisible by {multiple} and at most 256"),
+                });
+            }
+            if gqa_heads(p) {
+                reasons.push(Reason::Gqa);
+            }
+        }
+        (SdpBackend::Cudnn, Device::Cuda(_)) => {
+            common(p, caps, &mut reasons);
+            dtype(p, &[DType::F16, DType::Bf16], &mut reasons);
+            arch(caps, (8, 0), &mut reasons);
+            let new_cudnn = caps.cudnn_version.is_some_and(|v| v >= 90500);
+            let max = if caps.sm.is_some_and(|sm| sm.0 >= 9) && new_cudnn {
+                256
+            } else {
+                128
+            };
+            if !(dq == dk && dk == dv && dq <= max && dq % 8 == 0) {
+                reasons.push(Reason::HeadDim {
+                    query: dq,
+                    key: dk,
+                    value: dv,
+                    rule: format!(
+                        "q,k,v to have the same last dimension, a multiple of 8 of at most {max}"
+                    ),
+                });
+            }
+            if p.attn_mask.is_some() {
+                reasons.push(Reason::AttnMask);
+            }
+            if gqa_heads(p) {
+                reasons.push(Reason::Gqa);
+            }
+            match caps.cudnn_version {
+                None => reasons.push(Reason::Library(
+                    "cuDNN (libcudnn.so.9) is not loadable here".into(),
+                )),
+                Some(v) if v < 90000 => {
+                    reasons.push(Reason::Library(format!("cuDNN {v} is older than 9.0")))
+                }
+                Some(_) => {}
+            }
+        }
+        (_, device) => reasons.push(Reason::UnsupportedDevice(device)),
+    }
+    reasons
+}
+
+/// Every backend's verdict for `params` on `caps`, in priority order; a disabled backend
+/// gets [`Reason::Disabled`] first.
+pub fn explain_with(p: &SDPAParams, caps: &DeviceCaps) -> Vec<Verdict> {
+    crate::cuda::sdp_priority_order()
+        .as_slice()
+        .iter()
+        .map(|&b| {
+            let mut reasons = check(b, p, caps);
+            if !crate::cuda::sdp::enabled_flag(b).get() {
+                reasons.insert(0, Reason::Disabled);
+            }
+            (b, reasons)
+        })
+        .collect()
+}
+
+/// Every backend's verdict for `params` on the device its query lives on.
+pub fn explain(p: &SDPAParams) -> Vec<Verdict> {
+    explain_with(p, &DeviceCaps::of(p.query.device))
+}
+
+/// The backend that serves `params`: the first in priority order that is enabled and
+/// passes every check. When none does, every enabled backend's reasons are logged as
+/// warnings and returned in [`Error::NoAvailableKernel`].
+pub fn select_with(p: &SDPAParams, caps: &DeviceCaps) -> Result<SdpBackend> {
+    validate(p)?;
+    let verdicts = explain_with(p, caps);
+    if let Some((backend, _)) = verdicts.iter().find(|(_, reasons)| reasons.is_empty()) {
+        return Ok(*backend);
+    }
+    let enabled: Vec<Verdict> = verdicts
+        .into_iter()
+        .filter(|(_, r)| r.first() != Some(&Reason::Disabled))
+        .collect();
+    for (backend, reasons) in &enabled {
+        warn(*backend, reasons);
+    }
+    Err(Error::NoAvailableKernel { reasons: enabled })
+}
+
+/// [`select_with`] on the device the query lives on (PyTorch users long asked for this).
+pub fn selected_backend(p: &SDPAParams) -> Result<SdpBackend> {
+    select_with(p, &DeviceCaps::of(p.query.device))
+}
+
+fn warn(backend: SdpBackend, reasons: &[Reason]) {
+    for reason in reasons {
+        log::warn!("{} {reason}", title(backend));
+    }
+}
+
+fn can_use(backend: SdpBackend, p: &SDPAParams, debug: bool) -> bool {
+    let reasons = check(backend, p, &DeviceCaps::of(p.query.device));
+    if debug {
+        warn(backend, &reasons);
+    }
+    reasons.is_empty()
+}
+
+/// Whether flash attention can serve `params` (enabled or not); with `debug`, each failed
+/// check is logged as a warning.
+pub fn can_use_flash_attention(p: &SDPAParams, debug: bool) -> bool {
+    can_use(SdpBackend::Flash, p, debug)
+}
+
+/// Whether memory-efficient attention can serve `params`; see [`can_use_flash_attention`].
+pub fn can_use_efficient_attention(p: &SDPAParams, debug: bool) -> bool {
+    can_use(SdpBackend::MemEfficient, p, debug)
+}
+
+/// Whether cuDNN attention can serve `params`; see [`can_use_flash_attention`].
+pub fn can_use_cudnn_attention(p: &SDPAParams, debug: bool) -> bool {
+    can_use(SdpBackend::Cudnn, p, debug)
+}
+
+/// The text of [`Error::NoAvailableKernel`]: each backend's reasons, then PyTorch's last line.
+pub(crate) fn no_kernel_message(reasons: &[Verdict]) -> String {
+    let mut text = String::new();
+    for (backend, why) in reasons {
+        for reason in why {
+            text.push_str(&format!("{} {reason}\n", title(*backend)));
+        }
+    }
+    text.push_str("No available kernel. Aborting execution.");
+    text
+}
