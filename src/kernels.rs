@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 pub use backends_codegen::keys::*;
 pub use backends_codegen::table::*;
-pub use backends_codegen::variants::CUDA_ARCHS;
+pub use backends_codegen::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS};
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

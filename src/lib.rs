@@ -56,6 +56,7 @@ pub mod nnpack;
 pub mod openmp;
 pub mod opt_einsum;
 mod precision;
+pub mod sdpa;
 pub mod selfcheck;
 pub mod tensor;
 mod threads;
@@ -78,6 +79,7 @@ pub use precision::{
     float32_matmul_precision_scoped, fp32_precision, get_float32_matmul_precision,
     set_float32_matmul_precision, set_fp32_precision,
 };
+pub use sdpa::{SdpaOptions, SdpaOutput, scaled_dot_product_attention, sdpa};
 pub use tensor::{Element, Tensor};
 pub use threads::{NUM_THREADS, get_num_threads, set_num_threads};
 pub use trace::Capture as TraceCapture;

@@ -75,6 +75,58 @@ fn matmul_check(device: Device, seed: &mut u64) -> Check {
     }
 }
 
+fn sdpa_check(device: Device, seed: &mut u64) -> Check {
+    let (b, h, l, d) = (1, 4, 100, 64);
+    let (q, k, v) = (
+        fresh(b * h * l * d, seed),
+        fresh(b * h * l * d, seed),
+        fresh(b * h * l * d, seed),
+    );
+    let mut millis = 0.0;
+    let mut backend = None;
+    let outcome = (|| -> Result<f64> {
+        let shape = [b, h, l, d];
+        let on = |x: &[f32]| Tensor::from_vec(x.to_vec(), &shape, device);
+        let options = crate::SdpaOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let out = crate::sdpa(&on(&q)?, &on(&k)?, &on(&v)?, &options)?;
+        millis = start.elapsed().as_secs_f64() * 1e3;
+        backend = Some(out.backend);
+        let got = out.output.to_vec::<f32>()?;
+        // The reference: the math backend in f64 on the CPU.
+        let _math =
+            crate::attention::sdpa_kernel_scoped(&[crate::attention::SdpBackend::Math], false);
+        let wide = |x: &[f32]| {
+            Tensor::from_vec(
+                x.iter().map(|&y| f64::from(y)).collect(),
+                &shape,
+                Device::Cpu,
+            )
+        };
+        let reference = crate::sdpa(&wide(&q)?, &wide(&k)?, &wide(&v)?, &options)?
+            .output
+            .to_vec::<f64>()?;
+        let diff: f64 = got
+            .iter()
+            .zip(&reference)
+            .map(|(&o, r)| (f64::from(o) - r).powi(2))
+            .sum();
+        let norm: f64 = reference.iter().map(|r| r * r).sum();
+        Ok((diff / norm).sqrt())
+    })();
+    let via = backend.map_or(String::new(), |b| format!(" ({b})"));
+    Check {
+        name: format!("sdpa f32 causal [{b}, {h}, {l}, {d}]{via}"),
+        device,
+        outcome: outcome.map_err(|e| e.to_string()),
+        bound: 1e-5,
+        millis,
+    }
+}
+
 /// Runs every self-check on the best device, the CPU, and each wgpu adapter.
 pub fn run() -> Vec<Check> {
     let mut seed = std::time::SystemTime::now()
@@ -83,7 +135,6 @@ pub fn run() -> Vec<Check> {
         | 1;
     let mut devices = vec![Device::best(), Device::Cpu];
     devices.extend((0..crate::adapters::list().len()).map(Device::Wgpu));
-    devices.dedup();
     let mut seen = Vec::new();
     devices.retain(|d| {
         let new = !seen.contains(d);
@@ -92,6 +143,6 @@ pub fn run() -> Vec<Check> {
     });
     devices
         .into_iter()
-        .map(|d| matmul_check(d, &mut seed))
+        .flat_map(|d| [matmul_check(d, &mut seed), sdpa_check(d, &mut seed)])
         .collect()
 }

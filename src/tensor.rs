@@ -87,6 +87,8 @@ pub enum CpuData {
     F16(Vec<f16>),
     /// bf16 elements.
     Bf16(Vec<bf16>),
+    /// Booleans, one byte each (0 or 1).
+    Bool(Vec<u8>),
 }
 
 #[derive(Debug)]
@@ -162,6 +164,46 @@ impl Tensor {
             strides: contiguous_strides(shape),
             offset: 0,
         }
+    }
+
+    /// A boolean tensor (an attention mask: `true` takes part) of `shape` on `device`.
+    pub fn from_bools(values: &[bool], shape: &[usize], device: Device) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if values.len() != numel {
+            return Err(Error::ShapeMismatch {
+                op: "from_bools",
+                detail: format!(
+                    "{} elements cannot fill shape {shape:?} ({numel} elements)",
+                    values.len()
+                ),
+            });
+        }
+        let bytes: Vec<u8> = values.iter().map(|&b| u8::from(b)).collect();
+        let storage = match device {
+            Device::Cpu => Storage::Cpu(CpuData::Bool(bytes)),
+            Device::Wgpu(index) => {
+                Storage::Wgpu(crate::gpu::Buffer::upload(index, DType::Bool, &bytes)?)
+            }
+            Device::Cuda(_) => return Err(Self::no_cuda_tensors()),
+        };
+        Ok(Tensor::from_storage(storage, DType::Bool, device, shape))
+    }
+
+    /// The elements of a boolean tensor in row-major order, copied to the host.
+    pub fn to_bools(&self) -> Result<Vec<bool>> {
+        if self.dtype != DType::Bool {
+            return Err(Error::DTypeMismatch {
+                op: "to_bools",
+                expected: DType::Bool,
+                got: self.dtype,
+            });
+        }
+        let bytes = match &*self.storage {
+            Storage::Cpu(CpuData::Bool(bytes)) => self.gather(bytes),
+            Storage::Cpu(_) => unreachable!("a Bool tensor holds bytes"),
+            Storage::Wgpu(buffer) => self.gather(&buffer.download()?),
+        };
+        Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
 
     /// A tensor of `shape` on `device` whose every element is `value`.
@@ -291,11 +333,7 @@ impl Tensor {
             DType::F64 => copy!(f64),
             DType::F16 => copy!(f16),
             DType::Bf16 => copy!(bf16),
-            DType::Bool => Err(Error::DTypeMismatch {
-                op: "to_device",
-                expected: DType::F32,
-                got: DType::Bool,
-            }),
+            DType::Bool => Tensor::from_bools(&self.to_bools()?, &self.shape, device),
         }
     }
 

@@ -147,7 +147,7 @@ fn cases() -> Vec<Case> {
             flash: vec![head_dim(512, FLASH_RULE)],
             mem_efficient: vec![head_dim(
                 512,
-                "the last dimension of the inputs to be divisible by 8 and at most 256",
+                "q,k,v to have the same last dimension, divisible by 8 and at most 256",
             )],
             cudnn: vec![head_dim(
                 512,
@@ -162,7 +162,7 @@ fn cases() -> Vec<Case> {
             flash: vec![],
             mem_efficient: vec![head_dim(
                 36,
-                "the last dimension of the inputs to be divisible by 8 and at most 256",
+                "q,k,v to have the same last dimension, divisible by 8 and at most 256",
             )],
             cudnn: vec![head_dim(
                 36,
@@ -383,7 +383,7 @@ fn no_backend_is_the_aborting_error_with_every_reason() {
     );
     assert!(text.contains("Flash attention requires q,k,v to have the same last dimension and to be less than or equal to 256. Got Query.size(-1): 512"), "{text}");
     assert!(
-        text.contains("Memory efficient attention requires the last dimension"),
+        text.contains("Memory efficient attention requires q,k,v to have the same last dimension"),
         "{text}"
     );
     assert!(text.contains("cuDNN attention requires"), "{text}");

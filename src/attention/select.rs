@@ -437,12 +437,12 @@ pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reas
             dtype(p, &accepted, &mut reasons);
             arch(caps, (5, 0), &mut reasons);
             let multiple = if is_16 { 8 } else { 4 };
-            if dq % multiple != 0 || dv % multiple != 0 || dq.max(dv) > 256 {
+            if dq % multiple != 0 || dv != dq || dq > 256 {
                 reasons.push(Reason::HeadDim {
                     query: dq,
                     key: dk,
                     value: dv,
-                    rule: format!("the last dimension of the inputs to be divisible by {multiple} and at most 256"),
+                    rule: format!("q,k,v to have the same last dimension, divisible by {multiple} and at most 256"),
                 });
             }
             if gqa_heads(p) {

@@ -56,3 +56,51 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
     let norm: f64 = reference.iter().map(|r| r * r).sum();
     (diff / norm).sqrt()
 }
+
+/// Attention in f64: q `[b, h, lq, d]`, k `[b, hk, lk, d]`, v `[b, hk, lk, dv]` (row-major),
+/// an additive bias `bias(b, h, i, j)`, top-left causal masking, grouped heads.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: [usize; 7],
+    scale: f64,
+    causal: bool,
+    bias: &dyn Fn(usize, usize, usize, usize) -> f64,
+) -> Vec<f64> {
+    let [b_n, h_n, hk_n, lq, lk, d, dv] = dims;
+    let mut out = vec![0.0; b_n * h_n * lq * dv];
+    for b in 0..b_n {
+        for h in 0..h_n {
+            let hk = h / (h_n / hk_n);
+            for i in 0..lq {
+                let mut w: Vec<f64> = (0..lk)
+                    .map(|j| {
+                        if causal && j > i {
+                            return f64::NEG_INFINITY;
+                        }
+                        let dot: f64 = (0..d)
+                            .map(|x| {
+                                q[((b * h_n + h) * lq + i) * d + x]
+                                    * k[((b * hk_n + hk) * lk + j) * d + x]
+                            })
+                            .sum();
+                        dot * scale + bias(b, h, i, j)
+                    })
+                    .collect();
+                let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = w.iter().map(|x| (x - max).exp()).sum();
+                for x in &mut w {
+                    *x = (*x - max).exp() / sum;
+                }
+                for y in 0..dv {
+                    out[((b * h_n + h) * lq + i) * dv + y] = (0..lk)
+                        .map(|j| w[j] * v[((b * hk_n + hk) * lk + j) * dv + y])
+                        .sum();
+                }
+            }
+        }
+    }
+    out
+}

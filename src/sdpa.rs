@@ -1,0 +1,763 @@
+//! `scaled_dot_product_attention`: PyTorch's semantics, the backend chosen by
+//! [`crate::attention::selected_backend`], and the kernels behind it.
+//!
+//! - CPU: the math reference (any mask, dropout, GQA; fp32 compute, or f64 for f64
+//!   inputs) and the fused path (tiled online softmax, never materialising the Lq x Lk
+//!   scores, SIMD-dispatched on the CPU capability, threads over batch x heads x query
+//!   blocks).
+//! - wgpu: flash and memory-efficient attention through the generated WGSL kernels.
+//!   Math on wgpu runs the reference on the host (the trace says so).
+//!
+//! A query row that sees no key (fully masked, or causal with no key before it) gives NaN
+//! on the math path, as PyTorch's math does; the fused kernels give 0 for it, with a
+//! log-sum-exp of -inf.
+
+use half::{bf16, f16};
+
+use crate::attention::{self, SdpBackend};
+use crate::cuda::{SDPAParams, TensorMeta};
+use crate::kernels::{
+    Elem, FLASH_HEAD_DIMS, FlashKey, KernelKey, MEM_EFF_HEAD_DIMS, MaskKind, MemEffKey,
+};
+use crate::tensor::{Element, Storage, Tensor};
+use crate::trace::{self, Call};
+use crate::{DType, Device, Error, Result};
+
+/// The options of one attention call beyond q, k and v.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SdpaOptions<'a> {
+    /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`.
+    pub attn_mask: Option<&'a Tensor>,
+    /// Dropout probability on the attention weights.
+    pub dropout_p: f64,
+    /// Causal masking, top-left aligned: query i sees keys `0..=i`.
+    pub is_causal: bool,
+    /// Score scale; `None` is `1 / sqrt(D)`.
+    pub scale: Option<f64>,
+    /// Grouped-query attention: key/value heads shared by groups of query heads.
+    pub enable_gqa: bool,
+    /// Seed of the dropout generator (the same seed drops the same weights).
+    pub seed: u64,
+}
+
+/// What an attention call returns.
+#[derive(Clone, Debug)]
+pub struct SdpaOutput {
+    /// `[B, H, Lq, Dv]` (or 3-D for 3-D inputs).
+    pub output: Tensor,
+    /// The natural-log log-sum-exp of each query row, `[B, H, Lq]` in f32, from the fused
+    /// backends (for a backward pass).
+    pub lse: Option<Tensor>,
+    /// The backend that ran.
+    pub backend: SdpBackend,
+}
+
+/// PyTorch's `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+/// enable_gqa)`.
+#[allow(clippy::too_many_arguments)]
+pub fn scaled_dot_product_attention(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    attn_mask: Option<&Tensor>,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: Option<f64>,
+    enable_gqa: bool,
+) -> Result<Tensor> {
+    let options = SdpaOptions {
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        seed: 0,
+    };
+    sdpa(query, key, value, &options).map(|out| out.output)
+}
+
+fn meta(t: &Tensor) -> TensorMeta {
+    TensorMeta {
+        shape: t.shape().to_vec(),
+        strides: t.strides().to_vec(),
+        dtype: t.dtype(),
+        device: t.device(),
+    }
+}
+
+/// The metadata the backend checks read, for these tensors and options.
+pub fn params(query: &Tensor, key: &Tensor, value: &Tensor, options: &SdpaOptions) -> SDPAParams {
+    SDPAParams {
+        query: meta(query),
+        key: meta(key),
+        value: meta(value),
+        attn_mask: options.attn_mask.map(meta),
+        dropout: options.dropout_p,
+        is_causal: options.is_causal,
+        enable_gqa: options.enable_gqa,
+    }
+}
+
+/// Attention with every output: the result, the log-sum-exp where the backend gives it,
+/// and the backend that ran.
+pub fn sdpa(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    options: &SdpaOptions,
+) -> Result<SdpaOutput> {
+    let p = params(query, key, value, options);
+    let backend = attention::selected_backend(&p)?;
+    let shape = Shape::of(query, key, value);
+    let scale = options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
+    let describe = |note: &str| {
+        let note = note.to_string();
+        move || Call {
+            kernel: format!("sdpa_{}", backend.as_str().to_lowercase()),
+            backend: query.device().to_string(),
+            dtype: query.dtype(),
+            shapes: format!("{:?}x{:?}x{:?}", query.shape(), key.shape(), value.shape()),
+            precision: note,
+        }
+    };
+    let out_shape = {
+        let mut s = query.shape().to_vec();
+        *s.last_mut().expect("validated rank") = shape.dv;
+        s
+    };
+    match (query.device(), backend) {
+        (Device::Cpu, SdpBackend::Math) => trace::kernel(describe("math, f32 compute"), || {
+            Ok(SdpaOutput {
+                output: cpu_math(query, key, value, options, &shape, scale, &out_shape)?,
+                lse: None,
+                backend,
+            })
+        }),
+        (Device::Cpu, SdpBackend::Flash) => {
+            let level = crate::cpu::get_cpu_capability().to_string();
+            trace::kernel(describe(&format!("fused online softmax, {level}")), || {
+                let (output, lse) =
+                    cpu_fused(query, key, value, options, &shape, scale, &out_shape)?;
+                Ok(SdpaOutput {
+                    output,
+                    lse: Some(lse),
+                    backend,
+                })
+            })
+        }
+        (Device::Wgpu(index), SdpBackend::Flash | SdpBackend::MemEfficient) => {
+            trace::kernel(describe("wgsl, f32 compute"), || {
+                wgpu_fused(
+                    index, backend, query, key, value, options, &shape, scale, &out_shape,
+                )
+            })
+        }
+        (Device::Wgpu(_), SdpBackend::Math) => trace::kernel(describe("math on the host"), || {
+            let host = |t: &Tensor| t.to_device(Device::Cpu);
+            let mask = options.attn_mask.map(host).transpose()?;
+            let host_options = SdpaOptions {
+                attn_mask: mask.as_ref(),
+                ..*options
+            };
+            let out = cpu_math(
+                &host(query)?,
+                &host(key)?,
+                &host(value)?,
+                &host_options,
+                &shape,
+                scale,
+                &out_shape,
+            )?;
+            Ok(SdpaOutput {
+                output: out.to_device(query.device())?,
+                lse: None,
+                backend,
+            })
+        }),
+        (device, backend) => Err(Error::Unavailable {
+            what: "this SDPA backend here",
+            why: format!("{backend} has no kernel for {device} tensors in this build"),
+        }),
+    }
+}
+
+/// Sizes of one call, with 3-D inputs read as batch 1.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    b: usize,
+    h: usize,
+    hk: usize,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    dv: usize,
+}
+
+impl Shape {
+    fn of(q: &Tensor, k: &Tensor, v: &Tensor) -> Shape {
+        let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+        let r = qs.len();
+        Shape {
+            b: if r == 4 { qs[0] } else { 1 },
+            h: qs[r - 3],
+            hk: ks[r - 3],
+            lq: qs[r - 2],
+            lk: ks[r - 2],
+            d: qs[r - 1],
+            dv: vs[r - 1],
+        }
+    }
+
+    /// The key/value head of query head `h`.
+    fn kv_head(&self, h: usize) -> usize {
+        h / (self.h / self.hk.max(1)).max(1)
+    }
+}
+
+/// Any float tensor's elements as f64, row-major.
+fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(match t.dtype() {
+        DType::F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+        DType::F64 => t.to_vec::<f64>()?,
+        DType::F16 => t.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
+        DType::Bf16 => t.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
+        DType::Bool => t
+            .to_bools()?
+            .into_iter()
+            .map(|b| if b { 0.0 } else { f64::NEG_INFINITY })
+            .collect(),
+    })
+}
+
+/// The mask as additive values with broadcast strides over `[B, H, Lq, Lk]`.
+struct Bias {
+    values: Vec<f64>,
+    strides: [usize; 4],
+}
+
+impl Bias {
+    fn of(mask: Option<&Tensor>) -> Result<Option<Bias>> {
+        let Some(mask) = mask else { return Ok(None) };
+        let values = host_f64(mask)?;
+        let shape = mask.shape();
+        let own = crate::tensor::contiguous_strides(shape);
+        let mut strides = [0; 4];
+        for (i, (&size, &stride)) in shape.iter().rev().zip(own.iter().rev()).enumerate() {
+            strides[3 - i] = if size == 1 { 0 } else { stride };
+        }
+        Ok(Some(Bias { values, strides }))
+    }
+
+    fn at(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        let s = self.strides;
+        self.values[b * s[0] + h * s[1] + i * s[2] + j * s[3]]
+    }
+}
+
+/// A stateless dropout decision: keeps weight `(b, h, i, j)` with probability `1 - p`.
+fn keep(seed: u64, index: u64, p: f64) -> bool {
+    let mut z = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z >> 11) as f64 / (1u64 << 53) as f64) >= p
+}
+
+fn from_f64_as(dtype: DType, values: Vec<f64>, shape: &[usize], device: Device) -> Result<Tensor> {
+    fn conv<T: Element>(v: Vec<f64>, shape: &[usize], device: Device) -> Result<Tensor> {
+        Tensor::from_vec(v.into_iter().map(T::from_f64).collect(), shape, device)
+    }
+    match dtype {
+        DType::F32 => conv::<f32>(values, shape, device),
+        DType::F64 => conv::<f64>(values, shape, device),
+        DType::F16 => conv::<f16>(values, shape, device),
+        DType::Bf16 => conv::<bf16>(values, shape, device),
+        DType::Bool => Err(Error::DTypeMismatch {
+            op: "scaled_dot_product_attention",
+            expected: DType::F32,
+            got: DType::Bool,
+        }),
+    }
+}
+
+/// The math reference: scores, mask, softmax, dropout, weighted sum; in f64 for f64
+/// inputs, else in f32 (intermediates rounded to the 16-bit input type when
+/// `allow_fp16_bf16_reduction_math_sdp` is on).
+fn cpu_math(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &SdpaOptions,
+    s: &Shape,
+    scale: f64,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
+    let bias = Bias::of(o.attn_mask)?;
+    let dtype = q.dtype();
+    let reduce16 = matches!(dtype, DType::F16 | DType::Bf16)
+        && crate::cuda::fp16_bf16_reduction_math_sdp_allowed();
+    let round = |x: f64| -> f64 {
+        match dtype {
+            DType::F64 => x,
+            DType::F16 if reduce16 => f64::from(f16::from_f64(x)),
+            DType::Bf16 if reduce16 => f64::from(bf16::from_f64(x)),
+            _ => f64::from(x as f32),
+        }
+    };
+    let mut out = vec![0.0; s.b * s.h * s.lq * s.dv];
+    let mut weights = vec![0.0; s.lk];
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let hk = s.kv_head(h);
+            for i in 0..s.lq {
+                let qrow = &qv[((b * s.h + h) * s.lq + i) * s.d..][..s.d];
+                for (j, w) in weights.iter_mut().enumerate() {
+                    let krow = &kv[((b * s.hk + hk) * s.lk + j) * s.d..][..s.d];
+                    let mut x =
+                        round(qrow.iter().zip(krow).map(|(a, c)| a * c).sum::<f64>() * scale);
+                    if let Some(bias) = &bias {
+                        x += bias.at(b, h, i, j);
+                    }
+                    if o.is_causal && j > i {
+                        x = f64::NEG_INFINITY;
+                    }
+                    *w = x;
+                }
+                let max = weights.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = weights.iter().map(|w| (w - max).exp()).sum();
+                let orow = &mut out[((b * s.h + h) * s.lq + i) * s.dv..][..s.dv];
+                for (j, w) in weights.iter().enumerate() {
+                    let mut p = round((w - max).exp() / sum);
+                    if o.dropout_p > 0.0 {
+                        let index = (((b * s.h + h) * s.lq + i) * s.lk + j) as u64;
+                        p = if keep(o.seed, index, o.dropout_p) {
+                            p / (1.0 - o.dropout_p)
+                        } else {
+                            0.0
+                        };
+                    }
+                    let vrow = &vv[((b * s.hk + hk) * s.lk + j) * s.dv..][..s.dv];
+                    for (acc, x) in orow.iter_mut().zip(vrow) {
+                        *acc += p * x;
+                    }
+                }
+                for x in orow.iter_mut() {
+                    *x = round(*x);
+                }
+            }
+        }
+    }
+    from_f64_as(dtype, out, out_shape, Device::Cpu)
+}
+
+/// A dot product with 16 independent partial sums, so that it vectorises.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let (a16, b16) = (a.chunks_exact(16), b.chunks_exact(16));
+    let tail: f32 = a16
+        .remainder()
+        .iter()
+        .zip(b16.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in a16.zip(b16) {
+        for l in 0..16 {
+            lanes[l] = x[l].mul_add(y[l], lanes[l]);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+const BLOCK_M: usize = 32;
+const BLOCK_N: usize = 64;
+
+/// One query block against all its keys, online softmax in f32. `acc` is BLOCK_M x dv.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fused_block_body(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    rows: std::ops::Range<usize>,
+    s: &Shape,
+    scale: f32,
+    causal: bool,
+    bias: &dyn Fn(usize, usize) -> f32,
+    out: &mut [f32],
+    lse: &mut [f32],
+) {
+    let n_rows = rows.len();
+    let mut scores = [0f32; BLOCK_M * BLOCK_N];
+    let mut row_max = [f32::NEG_INFINITY; BLOCK_M];
+    let mut row_sum = [0f32; BLOCK_M];
+    let acc = &mut out[..n_rows * s.dv];
+    acc.fill(0.0);
+    let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+    for kb in (0..k_end).step_by(BLOCK_N) {
+        let keys = BLOCK_N.min(k_end - kb);
+        for (r, i) in rows.clone().enumerate() {
+            let qrow = &q[i * s.d..(i + 1) * s.d];
+            let srow = &mut scores[r * BLOCK_N..r * BLOCK_N + keys];
+            let mut block_max = f32::NEG_INFINITY;
+            for (c, slot) in srow.iter_mut().enumerate() {
+                let j = kb + c;
+                let x = if causal && j > i {
+                    f32::NEG_INFINITY
+                } else {
+                    dot(qrow, &k[j * s.d..(j + 1) * s.d]) * scale + bias(i, j)
+                };
+                *slot = x;
+                block_max = block_max.max(x);
+            }
+            let new_max = row_max[r].max(block_max);
+            if new_max == f32::NEG_INFINITY {
+                continue; // nothing visible yet: keep zeros
+            }
+            let alpha = (row_max[r] - new_max).exp();
+            row_max[r] = new_max;
+            row_sum[r] *= alpha;
+            let arow = &mut acc[r * s.dv..(r + 1) * s.dv];
+            for x in arow.iter_mut() {
+                *x *= alpha;
+            }
+            for (c, &x) in srow.iter().enumerate() {
+                let p = (x - new_max).exp();
+                row_sum[r] += p;
+                let vrow = &v[(kb + c) * s.dv..(kb + c + 1) * s.dv];
+                for (a, &y) in arow.iter_mut().zip(vrow) {
+                    *a += p * y;
+                }
+            }
+        }
+    }
+    for r in 0..n_rows {
+        let inv = if row_sum[r] > 0.0 {
+            1.0 / row_sum[r]
+        } else {
+            0.0
+        };
+        for x in &mut acc[r * s.dv..(r + 1) * s.dv] {
+            *x *= inv;
+        }
+        lse[r] = if row_sum[r] > 0.0 {
+            row_max[r] + row_sum[r].ln()
+        } else {
+            f32::NEG_INFINITY
+        };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    /// The fused block compiled for AVX-512.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn block_avx512(args: super::BlockArgs) {
+        super::fused_block_body(
+            args.q,
+            args.k,
+            args.v,
+            args.rows,
+            args.s,
+            args.scale,
+            args.causal,
+            args.bias,
+            args.out,
+            args.lse,
+        )
+    }
+
+    /// The fused block compiled for AVX2 and FMA.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn block_avx2(args: super::BlockArgs) {
+        super::fused_block_body(
+            args.q,
+            args.k,
+            args.v,
+            args.rows,
+            args.s,
+            args.scale,
+            args.causal,
+            args.bias,
+            args.out,
+            args.lse,
+        )
+    }
+}
+
+/// The arguments of one fused block.
+struct BlockArgs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    rows: std::ops::Range<usize>,
+    s: &'a Shape,
+    scale: f32,
+    causal: bool,
+    bias: &'a dyn Fn(usize, usize) -> f32,
+    out: &'a mut [f32],
+    lse: &'a mut [f32],
+}
+
+/// Runs one fused block with the code compiled for the CPU capability in force.
+fn run_block(args: BlockArgs) {
+    match crate::cpu::get_cpu_capability() {
+        // SAFETY: the capability in force never exceeds what the CPU has.
+        #[cfg(target_arch = "x86_64")]
+        crate::cpu::CpuCapability::Avx512 => unsafe { simd::block_avx512(args) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        crate::cpu::CpuCapability::Avx2 => unsafe { simd::block_avx2(args) },
+        _ => fused_block_body(
+            args.q,
+            args.k,
+            args.v,
+            args.rows,
+            args.s,
+            args.scale,
+            args.causal,
+            args.bias,
+            args.out,
+            args.lse,
+        ),
+    }
+}
+
+/// The CPU fused path: tiled online softmax over key blocks, threads over
+/// batch x heads x query blocks. Memory beyond the inputs and outputs is one block of
+/// scores per thread.
+fn cpu_fused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &SdpaOptions,
+    s: &Shape,
+    scale: f64,
+    out_shape: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let load = |t: &Tensor| -> Result<Vec<f32>> {
+        Ok(host_f64(t)?.into_iter().map(|x| x as f32).collect())
+    };
+    let (qv, kv, vv) = (load(q)?, load(k)?, load(v)?);
+    let bias = Bias::of(o.attn_mask)?;
+    let mut out = vec![0f32; s.b * s.h * s.lq * s.dv];
+    let mut lse = vec![0f32; s.b * s.h * s.lq];
+    let blocks = s.lq.div_ceil(BLOCK_M);
+    // Work items: one (batch, head, query block) each, in output order.
+    let mut items: Vec<(usize, &mut [f32], &mut [f32])> = Vec::with_capacity(s.b * s.h * blocks);
+    {
+        let mut out_rest = out.as_mut_slice();
+        let mut lse_rest = lse.as_mut_slice();
+        for bh in 0..s.b * s.h {
+            for blk in 0..blocks {
+                let rows = BLOCK_M.min(s.lq - blk * BLOCK_M);
+                let (o_here, o_next) = out_rest.split_at_mut(rows * s.dv);
+                let (l_here, l_next) = lse_rest.split_at_mut(rows);
+                items.push((bh * blocks + blk, o_here, l_here));
+                out_rest = o_next;
+                lse_rest = l_next;
+            }
+        }
+    }
+    let threads = crate::get_num_threads().min(items.len()).max(1);
+    let per = items.len().div_ceil(threads);
+    let (qv, kv, vv, bias) = (&qv, &kv, &vv, &bias);
+    std::thread::scope(|scope| {
+        let mut rest = items;
+        while !rest.is_empty() {
+            let take = per.min(rest.len());
+            let chunk: Vec<_> = rest.drain(..take).collect();
+            scope.spawn(move || {
+                for (item, o_here, l_here) in chunk {
+                    let (bh, blk) = (item / blocks, item % blocks);
+                    let (b, h) = (bh / s.h, bh % s.h);
+                    let hk = s.kv_head(h);
+                    let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
+                    let q = &qv[bh * s.lq * s.d..(bh + 1) * s.lq * s.d];
+                    let kvh = b * s.hk + hk;
+                    let k = &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d];
+                    let v = &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv];
+                    let add =
+                        |i: usize, j: usize| bias.as_ref().map_or(0.0, |m| m.at(b, h, i, j) as f32);
+                    run_block(BlockArgs {
+                        q,
+                        k,
+                        v,
+                        rows,
+                        s,
+                        scale: scale as f32,
+                        causal: o.is_causal,
+                        bias: &add,
+                        out: o_here,
+                        lse: l_here,
+                    });
+                }
+            });
+        }
+    });
+    let output = from_f64_as(
+        q.dtype(),
+        out.into_iter().map(f64::from).collect(),
+        out_shape,
+        Device::Cpu,
+    )?;
+    let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
+    Ok((output, lse))
+}
+
+/// Flash or memory-efficient attention on wgpu through the generated WGSL.
+#[allow(clippy::too_many_arguments)]
+fn wgpu_fused(
+    index: usize,
+    backend: SdpBackend,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &SdpaOptions,
+    s: &Shape,
+    scale: f64,
+    out_shape: &[usize],
+) -> Result<SdpaOutput> {
+    let gpu = crate::gpu::gpu(index)?;
+    let elem = if q.dtype() == DType::F16 {
+        Elem::F16
+    } else {
+        Elem::F32
+    };
+    let width = s.d.max(s.dv);
+    let fits = |dims: &[u32]| dims.iter().copied().find(|&d| d as usize >= width);
+    let key = match backend {
+        SdpBackend::Flash => fits(&FLASH_HEAD_DIMS).map(|d| {
+            KernelKey::FlashFwd(FlashKey {
+                elem,
+                head_dim: d,
+                causal: o.is_causal,
+            })
+        }),
+        _ => {
+            let mask = match o.attn_mask.map(Tensor::dtype) {
+                None => MaskKind::None,
+                Some(DType::Bool) => MaskKind::Bool,
+                Some(_) => MaskKind::Additive,
+            };
+            fits(&MEM_EFF_HEAD_DIMS).map(|d| {
+                KernelKey::MemEffFwd(MemEffKey {
+                    elem,
+                    mask,
+                    head_dim_max: d,
+                })
+            })
+        }
+    };
+    let entry = key
+        .and_then(|k| crate::kernels::lookup(&k))
+        .ok_or_else(|| Error::Unavailable {
+            what: "an attention kernel",
+            why: format!("no {backend} variant serves head dim {width}"),
+        })?;
+    let kernel = entry
+        .wgsl
+        .as_ref()
+        .expect("wgpu attention variants have WGSL");
+    let u32_of = |x: usize| {
+        u32::try_from(x).map_err(|_| Error::ShapeMismatch {
+            op: "scaled_dot_product_attention on wgpu",
+            detail: format!("{x} exceeds 32 bits; split the call"),
+        })
+    };
+    let strides = |t: &Tensor| -> [usize; 3] {
+        let st = t.strides();
+        let r = st.len();
+        [if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]]
+    };
+    let mask_strides = match o.attn_mask {
+        Some(m) => {
+            let mut out = [0usize; 4];
+            for (i, (&size, &stride)) in m
+                .shape()
+                .iter()
+                .rev()
+                .zip(m.strides().iter().rev())
+                .enumerate()
+            {
+                out[3 - i] = if size == 1 { 0 } else { stride };
+            }
+            out
+        }
+        None => [0; 4],
+    };
+    let mut words = vec![s.h, s.hk, s.lq, s.lk, s.d, usize::from(o.is_causal)]
+        .into_iter()
+        .map(u32_of)
+        .collect::<Result<Vec<u32>>>()?;
+    words.push((scale as f32).to_bits());
+    words.push(0);
+    for t in [q, k, v] {
+        for x in strides(t) {
+            words.push(u32_of(x)?);
+        }
+    }
+    for x in [s.h * s.lq * s.dv, s.lq * s.dv, s.dv]
+        .into_iter()
+        .chain(mask_strides)
+    {
+        words.push(u32_of(x)?);
+    }
+    let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let out = crate::gpu::Buffer::output(gpu, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
+    let lse = crate::gpu::Buffer::output(gpu, s.b * s.h * s.lq * 4)?;
+    let dummy;
+    let mask_buffer = match o.attn_mask {
+        Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
+        None => {
+            dummy = crate::gpu::Buffer::zeroed(gpu, 4)?;
+            dummy.raw()
+        }
+    };
+    let buffers = [q, k, v].map(|t| t.wgpu_buffer().expect("wgpu tensors have buffers").raw());
+    let groups = [
+        u32_of(s.lq.div_ceil(kernel.tile[0] as usize))?,
+        u32_of(s.b * s.h)?,
+        1,
+    ];
+    if s.lq > 0 && s.b * s.h > 0 {
+        gpu.run(
+            entry.name,
+            kernel,
+            &[
+                buffers[0],
+                buffers[1],
+                buffers[2],
+                mask_buffer,
+                out.raw(),
+                lse.raw(),
+            ],
+            &params,
+            groups,
+        )?;
+    }
+    let output = Tensor::from_storage(
+        Storage::Wgpu(out),
+        q.dtype(),
+        Device::Wgpu(index),
+        out_shape,
+    );
+    let lse = Tensor::from_storage(
+        Storage::Wgpu(lse),
+        DType::F32,
+        Device::Wgpu(index),
+        &[s.b, s.h, s.lq],
+    );
+    Ok(SdpaOutput {
+        output,
+        lse: Some(lse),
+        backend,
+    })
+}

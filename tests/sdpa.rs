@@ -1,0 +1,360 @@
+//! `scaled_dot_product_attention` on the CPU (fused and math) and on wgpu (flash and
+//! memory-efficient) against a float64 reference on fresh inputs.
+
+mod common;
+
+use backends::attention::{SdpBackend, sdpa_kernel_scoped};
+use backends::{DType, Device, Element, SdpaOptions, Tensor, sdpa};
+use common::{attention_reference, random, rel_err};
+use half::{bf16, f16};
+
+fn tensor<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_vec(
+        values.iter().map(|&v| T::from_f64(v)).collect(),
+        shape,
+        device,
+    )
+    .unwrap()
+}
+
+fn host(t: &Tensor) -> Vec<f64> {
+    match t.dtype() {
+        DType::F32 => t
+            .to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::F64 => t.to_vec::<f64>().unwrap(),
+        DType::F16 => t
+            .to_vec::<f16>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::Bf16 => t
+            .to_vec::<bf16>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        DType::Bool => panic!("not a float tensor"),
+    }
+}
+
+/// What one case asks for.
+#[derive(Clone, Copy)]
+struct Case {
+    b: usize,
+    h: usize,
+    hk: usize,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    causal: bool,
+    mask: Option<bool>, // Some(true): boolean, Some(false): additive
+}
+
+fn case(lq: usize, lk: usize, d: usize) -> Case {
+    Case {
+        b: 2,
+        h: 3,
+        hk: 3,
+        lq,
+        lk,
+        d,
+        causal: false,
+        mask: None,
+    }
+}
+
+/// Runs one case in `T` on `device`; returns (relative error, backend that ran).
+fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
+    let (q, k, v) = (
+        random(c.b * c.h * c.lq * c.d),
+        random(c.b * c.hk * c.lk * c.d),
+        random(c.b * c.hk * c.lk * c.d),
+    );
+    let round = |x: &[f64]| {
+        x.iter()
+            .map(|&y| T::from_f64(y).to_f64())
+            .collect::<Vec<_>>()
+    };
+    let (q, k, v) = (round(&q), round(&k), round(&v));
+    // A [lq, lk] mask broadcast over batch and heads, keeping at least the diagonal.
+    let keep: Vec<bool> = (0..c.lq * c.lk)
+        .map(|e| !(e * 7 + e / c.lk).is_multiple_of(3) || e % c.lk == e / c.lk % c.lk)
+        .collect();
+    let additive: Vec<f64> = round(&random(c.lq * c.lk));
+    let mask = match c.mask {
+        Some(true) => Some(Tensor::from_bools(&keep, &[c.lq, c.lk], device).unwrap()),
+        Some(false) => Some(tensor::<T>(&additive, &[c.lq, c.lk], device)),
+        None => None,
+    };
+    let options = SdpaOptions {
+        attn_mask: mask.as_ref(),
+        is_causal: c.causal,
+        enable_gqa: c.h != c.hk,
+        ..Default::default()
+    };
+    let out = sdpa(
+        &tensor::<T>(&q, &[c.b, c.h, c.lq, c.d], device),
+        &tensor::<T>(&k, &[c.b, c.hk, c.lk, c.d], device),
+        &tensor::<T>(&v, &[c.b, c.hk, c.lk, c.d], device),
+        &options,
+    )
+    .unwrap();
+    assert_eq!(out.output.shape(), [c.b, c.h, c.lq, c.d]);
+    let bias = |_: usize, _: usize, i: usize, j: usize| match c.mask {
+        Some(true) if !keep[i * c.lk + j] => f64::NEG_INFINITY,
+        Some(false) => additive[i * c.lk + j],
+        _ => 0.0,
+    };
+    let want = attention_reference(
+        &q,
+        &k,
+        &v,
+        [c.b, c.h, c.hk, c.lq, c.lk, c.d, c.d],
+        1.0 / (c.d as f64).sqrt(),
+        c.causal,
+        &bias,
+    );
+    let got = host(&out.output);
+    assert!(
+        got.iter().all(|x| x.is_finite()),
+        "unwritten or NaN outputs"
+    );
+    (rel_err(&got, &want), out.backend)
+}
+
+fn shapes() -> Vec<Case> {
+    let mut cases = vec![
+        case(1, 1, 16),
+        case(17, 17, 32),
+        case(128, 128, 64),
+        case(333, 333, 64),
+        case(17, 333, 128),
+    ];
+    cases.push(Case {
+        causal: true,
+        ..case(128, 128, 64)
+    });
+    cases.push(Case {
+        causal: true,
+        ..case(333, 200, 32)
+    });
+    cases.push(Case {
+        mask: Some(true),
+        ..case(65, 130, 64)
+    });
+    cases.push(Case {
+        mask: Some(false),
+        causal: true,
+        ..case(65, 65, 64)
+    });
+    cases.push(Case {
+        h: 4,
+        hk: 2,
+        ..case(40, 70, 32)
+    });
+    cases
+}
+
+#[test]
+fn cpu_fused_path_matches_the_reference() {
+    for c in shapes() {
+        let (err, backend) = run::<f32>(c, Device::Cpu);
+        assert_eq!(backend, SdpBackend::Flash);
+        assert!(
+            err < 1e-5,
+            "f32 {:?}: {err}",
+            (c.lq, c.lk, c.d, c.causal, c.mask)
+        );
+        let (err, _) = run::<f64>(c, Device::Cpu);
+        assert!(err < 1e-5, "f64: {err}");
+    }
+    let c = case(100, 100, 64);
+    assert!(run::<bf16>(c, Device::Cpu).0 < 1e-2);
+    assert!(run::<f16>(c, Device::Cpu).0 < 2e-3);
+}
+
+#[test]
+fn cpu_math_matches_the_reference() {
+    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    for c in shapes() {
+        let (err, backend) = run::<f32>(c, Device::Cpu);
+        assert_eq!(backend, SdpBackend::Math);
+        assert!(
+            err < 1e-5,
+            "{:?}: {err}",
+            (c.lq, c.lk, c.d, c.causal, c.mask)
+        );
+        assert!(run::<f64>(c, Device::Cpu).0 < 1e-12);
+    }
+}
+
+#[test]
+fn fully_masked_rows_nan_on_math_zero_on_fused() {
+    let (lq, lk, d) = (4, 5, 8);
+    let q = tensor::<f32>(&random(lq * d), &[1, 1, lq, d], Device::Cpu);
+    let k = tensor::<f32>(&random(lk * d), &[1, 1, lk, d], Device::Cpu);
+    let v = tensor::<f32>(&random(lk * d), &[1, 1, lk, d], Device::Cpu);
+    // Row 2 sees no key.
+    let keep: Vec<bool> = (0..lq * lk).map(|e| e / lk != 2).collect();
+    let mask = Tensor::from_bools(&keep, &[lq, lk], Device::Cpu).unwrap();
+    let options = SdpaOptions {
+        attn_mask: Some(&mask),
+        ..Default::default()
+    };
+    let fused = sdpa(&q, &k, &v, &options).unwrap();
+    assert_eq!(fused.backend, SdpBackend::Flash);
+    let out = host(&fused.output);
+    assert!(out[2 * d..3 * d].iter().all(|&x| x == 0.0));
+    assert!(out[..2 * d].iter().all(|x| x.is_finite() && *x != 0.0));
+    let lse = fused.lse.unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(lse[2], f32::NEG_INFINITY);
+    assert!(lse[0].is_finite());
+    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    let math = host(&sdpa(&q, &k, &v, &options).unwrap().output);
+    assert!(
+        math[2 * d..3 * d].iter().all(|x| x.is_nan()),
+        "PyTorch's math gives NaN"
+    );
+    assert!(math[..2 * d].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn the_lse_is_the_log_of_the_softmax_denominator() {
+    let (l, d) = (9, 16);
+    let (qv, kv) = (random(l * d), random(l * d));
+    let q = tensor::<f32>(&qv, &[1, 1, l, d], Device::Cpu);
+    let k = tensor::<f32>(&kv, &[1, 1, l, d], Device::Cpu);
+    let out = sdpa(&q, &k, &k, &SdpaOptions::default()).unwrap();
+    let lse = out.lse.unwrap().to_vec::<f32>().unwrap();
+    for i in 0..l {
+        let s: Vec<f64> = (0..l)
+            .map(|j| (0..d).map(|x| qv[i * d + x] * kv[j * d + x]).sum::<f64>() / 4.0)
+            .collect();
+        let want = s.iter().map(|x| x.exp()).sum::<f64>().ln();
+        assert!(
+            (f64::from(lse[i]) - want).abs() < 1e-4,
+            "row {i}: {} vs {want}",
+            lse[i]
+        );
+    }
+}
+
+#[test]
+fn dropout_is_seeded_and_unbiased_in_expectation() {
+    let (l, d) = (64, 16);
+    let q = tensor::<f32>(&random(l * d), &[1, 2, l / 2, d], Device::Cpu);
+    let k = tensor::<f32>(&random(l * d), &[1, 2, l / 2, d], Device::Cpu);
+    let ones = Tensor::full(1f32, &[1, 2, l / 2, d], Device::Cpu).unwrap();
+    let with = |seed, p| {
+        let options = SdpaOptions {
+            dropout_p: p,
+            seed,
+            ..Default::default()
+        };
+        let out = sdpa(&q, &k, &ones, &options).unwrap();
+        assert_eq!(
+            out.backend,
+            SdpBackend::Math,
+            "dropout takes math on the CPU"
+        );
+        host(&out.output)
+    };
+    assert_eq!(with(7, 0.3), with(7, 0.3));
+    assert_ne!(with(7, 0.3), with(8, 0.3));
+    // With v = 1 every output is the kept weights' sum / (1 - p): 1 on average.
+    let mean = with(1, 0.3).iter().sum::<f64>() / (l * d) as f64;
+    assert!((mean - 1.0).abs() < 0.1, "{mean}");
+}
+
+#[test]
+fn unbatched_3d_inputs() {
+    let (h, l, d) = (2, 10, 8);
+    let t = |n| tensor::<f32>(&random(n), &[h, l, d], Device::Cpu);
+    let out = backends::scaled_dot_product_attention(
+        &t(h * l * d),
+        &t(h * l * d),
+        &t(h * l * d),
+        None,
+        0.0,
+        true,
+        Some(0.5),
+        false,
+    )
+    .unwrap();
+    assert_eq!(out.shape(), [h, l, d]);
+}
+
+fn adapter() -> Option<Device> {
+    if backends::adapters::list().is_empty() {
+        eprintln!("skipped: no wgpu adapter (install mesa-vulkan-drivers)");
+        return None;
+    }
+    Some(Device::Wgpu(0))
+}
+
+#[test]
+fn wgpu_flash_and_mem_efficient_match_the_reference() {
+    let Some(device) = adapter() else { return };
+    let small = [
+        case(1, 1, 16),
+        case(17, 17, 32),
+        case(70, 70, 64),
+        case(33, 90, 128),
+        Case {
+            causal: true,
+            ..case(70, 70, 64)
+        },
+    ];
+    for c in small {
+        let (err, backend) = run::<f32>(c, device);
+        assert_eq!(backend, SdpBackend::Flash, "no mask: flash");
+        assert!(err < 1e-5, "flash {:?}: {err}", (c.lq, c.lk, c.d, c.causal));
+    }
+    for c in [
+        Case {
+            mask: Some(true),
+            ..case(33, 65, 64)
+        },
+        Case {
+            mask: Some(false),
+            ..case(40, 40, 32)
+        },
+        Case {
+            causal: true,
+            ..case(20, 50, 64)
+        },
+    ] {
+        let (err, backend) = run::<f32>(c, device);
+        assert_eq!(
+            backend,
+            SdpBackend::MemEfficient,
+            "{:?}",
+            (c.mask, c.causal)
+        );
+        assert!(
+            err < 1e-5,
+            "mem-efficient {:?}: {err}",
+            (c.lq, c.lk, c.mask, c.causal)
+        );
+    }
+    {
+        let _only = sdpa_kernel_scoped(&[SdpBackend::MemEfficient], false);
+        let (err, backend) = run::<f32>(case(50, 60, 256), device);
+        assert_eq!(backend, SdpBackend::MemEfficient);
+        assert!(err < 1e-5, "head dim 256: {err}");
+    }
+    if backends::adapters::list()[0].shader_f16 {
+        let (err, backend) = run::<f16>(case(40, 40, 64), device);
+        assert_eq!(backend, SdpBackend::Flash);
+        assert!(err < 2e-3, "f16: {err}");
+    }
+    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    let (err, backend) = run::<f32>(case(10, 12, 16), device);
+    assert_eq!(backend, SdpBackend::Math);
+    assert!(err < 1e-5);
+}
