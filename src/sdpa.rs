@@ -239,12 +239,10 @@ impl Bias {
     fn of(mask: Option<&Tensor>) -> Result<Option<Bias>> {
         let Some(mask) = mask else { return Ok(None) };
         let values = host_f64(mask)?;
-        let shape = mask.shape();
-        let own = crate::tensor::contiguous_strides(shape);
-        let mut strides = [0; 4];
-        for (i, (&size, &stride)) in shape.iter().rev().zip(own.iter().rev()).enumerate() {
-            strides[3 - i] = if size == 1 { 0 } else { stride };
-        }
+        let strides = broadcast_strides(
+            mask.shape(),
+            &crate::tensor::contiguous_strides(mask.shape()),
+        );
         Ok(Some(Bias { values, strides }))
     }
 
@@ -252,6 +250,16 @@ impl Bias {
         let s = self.strides;
         self.values[b * s[0] + h * s[1] + i * s[2] + j * s[3]]
     }
+}
+
+/// A mask's element strides over `[B, H, Lq, Lk]`: its dimensions right-aligned, 0 where it
+/// broadcasts (size 1 or absent).
+fn broadcast_strides(shape: &[usize], strides: &[usize]) -> [usize; 4] {
+    let mut out = [0; 4];
+    for (i, (&size, &stride)) in shape.iter().rev().zip(strides.iter().rev()).enumerate() {
+        out[3 - i] = if size == 1 { 0 } else { stride };
+    }
+    out
 }
 
 /// A stateless dropout decision: keeps weight `(b, h, i, j)` with probability `1 - p`.
@@ -751,22 +759,9 @@ fn wgpu_fused(
         let r = st.len();
         [if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]]
     };
-    let mask_strides = match o.attn_mask {
-        Some(m) => {
-            let mut out = [0usize; 4];
-            for (i, (&size, &stride)) in m
-                .shape()
-                .iter()
-                .rev()
-                .zip(m.strides().iter().rev())
-                .enumerate()
-            {
-                out[3 - i] = if size == 1 { 0 } else { stride };
-            }
-            out
-        }
-        None => [0; 4],
-    };
+    let mask_strides = o
+        .attn_mask
+        .map_or([0; 4], |m| broadcast_strides(m.shape(), m.strides()));
     let mut words = vec![s.h, s.hk, s.lq, s.lk, s.d, usize::from(o.is_causal)]
         .into_iter()
         .map(u32_of)

@@ -27,6 +27,17 @@ impl Check {
     }
 }
 
+/// ‖out − ref‖ / ‖ref‖.
+fn rel_err(out: &[f32], reference: &[f64]) -> f64 {
+    let diff: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(&o, r)| (f64::from(o) - r).powi(2))
+        .sum();
+    let norm: f64 = reference.iter().map(|r| r * r).sum();
+    (diff / norm).sqrt()
+}
+
 /// Fresh values in [-1, 1) from a generator seeded by the clock.
 fn fresh(n: usize, seed: &mut u64) -> Vec<f32> {
     (0..n)
@@ -58,13 +69,7 @@ fn matmul_check(device: Device, seed: &mut u64) -> Check {
             )
         };
         let reference = crate::matmul(&wide(&a, &[m, k])?, &wide(&b, &[k, n])?)?.to_vec::<f64>()?;
-        let diff: f64 = out
-            .iter()
-            .zip(&reference)
-            .map(|(&o, r)| (f64::from(o) - r).powi(2))
-            .sum();
-        let norm: f64 = reference.iter().map(|r| r * r).sum();
-        Ok((diff / norm).sqrt())
+        Ok(rel_err(&out, &reference))
     })();
     Check {
         name: format!("matmul f32 {m}x{k} · {k}x{n}"),
@@ -109,13 +114,7 @@ fn sdpa_check(device: Device, seed: &mut u64) -> Check {
         let reference = crate::sdpa(&wide(&q)?, &wide(&k)?, &wide(&v)?, &options)?
             .output
             .to_vec::<f64>()?;
-        let diff: f64 = got
-            .iter()
-            .zip(&reference)
-            .map(|(&o, r)| (f64::from(o) - r).powi(2))
-            .sum();
-        let norm: f64 = reference.iter().map(|r| r * r).sum();
-        Ok((diff / norm).sqrt())
+        Ok(rel_err(&got, &reference))
     })();
     let via = backend.map_or(String::new(), |b| format!(" ({b})"));
     Check {

@@ -1,34 +1,11 @@
 //! Flags that PyTorch initialises from the environment: each test runs its body in a
 //! fresh child process (this test binary, re-run on one test) with the variables set.
 
-use std::process::Command;
+mod common;
 
 use backends::cuda::{self, BlasBackend, LinalgBackend, RocmFaBackend, matmul};
 use backends::{FlagSource, Fp32Precision, mkl, mkldnn};
-
-const CHILD: &str = "BACKENDS_TEST_CHILD";
-
-/// In the parent: re-runs test `name` alone in a child with `vars` set and asserts that it
-/// passed. In the child: returns true, and the caller runs the body.
-fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return true;
-    }
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .envs(vars.iter().copied())
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "child {name} failed:\n{log}");
-    assert!(log.contains("1 passed"), "child {name} ran no test:\n{log}");
-    false
-}
+use common::in_child;
 
 #[test]
 fn every_env_var_sets_its_flag() {

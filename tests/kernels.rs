@@ -3,12 +3,15 @@
 //! every declared architecture that `ptxas` accepts; the run-time NVRTC fallback produces
 //! the same PTX as the build.
 
+mod common;
+
 use std::process::Command;
 
 use backends::kernels::{
     self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, lookup,
 };
 use backends_codegen::variants;
+use common::in_child;
 
 #[test]
 fn the_table_holds_exactly_the_declared_variants() {
@@ -233,37 +236,6 @@ fn ptxas_accepts_every_kernel_and_the_hot_ones_do_not_spill() {
             );
         }
     }
-}
-
-const CHILD: &str = "BACKENDS_TEST_CHILD";
-
-/// Re-runs test `name` alone in a child process with `vars` set; true inside the child.
-fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return true;
-    }
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            name,
-            "--exact",
-            "--test-threads=1",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env(CHILD, "1")
-        .envs(vars.iter().copied())
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        output.status.success() && log.contains("1 passed"),
-        "child {name}:\n{log}"
-    );
-    false
 }
 
 #[cfg_attr(

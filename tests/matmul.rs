@@ -5,7 +5,7 @@ mod common;
 
 use backends::cuda::matmul as flags;
 use backends::{DType, Device, Element, Error, Fp32Precision, Tensor, matmul};
-use common::{random, reference, rel_err};
+use common::{adapter, random, reference, rel_err};
 use half::{bf16, f16};
 
 /// Sizes that are and are not multiples of every tile: (m, n, k).
@@ -354,15 +354,6 @@ fn every_cpu_micro_kernel_level_gives_the_same_answer() {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-}
-
-/// The first wgpu adapter, or `None` (with the reason printed) on a machine without one.
-fn adapter() -> Option<Device> {
-    if backends::adapters::list().is_empty() {
-        eprintln!("skipped: no wgpu adapter (install mesa-vulkan-drivers)");
-        return None;
-    }
-    Some(Device::Wgpu(0))
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
 use backends::{DType, Device, Element, SdpaOptions, Tensor, sdpa};
-use common::{attention_reference, random, rel_err};
+use common::{adapter, attention_reference, random, rel_err};
 use half::{bf16, f16};
 
 fn tensor<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Tensor {
@@ -287,14 +287,6 @@ fn unbatched_3d_inputs() {
     )
     .unwrap();
     assert_eq!(out.shape(), [h, l, d]);
-}
-
-fn adapter() -> Option<Device> {
-    if backends::adapters::list().is_empty() {
-        eprintln!("skipped: no wgpu adapter (install mesa-vulkan-drivers)");
-        return None;
-    }
-    Some(Device::Wgpu(0))
 }
 
 #[test]

@@ -104,3 +104,46 @@ pub fn attention_reference(
     }
     out
 }
+
+/// The variable that marks a re-run of one test in a child process.
+pub const CHILD: &str = "BACKENDS_TEST_CHILD";
+
+/// In the parent: re-runs test `name` alone in a child process (this test binary) with
+/// `vars` set and asserts that it passed; returns false. In the child: returns true, and
+/// the caller runs the test's body there.
+pub fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            name,
+            "--exact",
+            "--test-threads=1",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env(CHILD, "1")
+        .envs(vars.iter().copied())
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && log.contains("1 passed"),
+        "child {name}:\n{log}"
+    );
+    false
+}
+
+/// The first wgpu adapter, or `None` (with the reason printed) on a machine without one.
+pub fn adapter() -> Option<backends::Device> {
+    if backends::adapters::list().is_empty() {
+        eprintln!("skipped: no wgpu adapter (install mesa-vulkan-drivers)");
+        return None;
+    }
+    Some(backends::Device::Wgpu(0))
+}
