@@ -120,15 +120,21 @@ pub fn sdpa(
             precision: note,
         }
     };
-    let out_shape = {
-        let mut s = query.shape().to_vec();
-        *s.last_mut().expect("validated rank") = shape.dv;
-        s
+    let mut out_shape = query.shape().to_vec();
+    *out_shape.last_mut().expect("validated rank") = shape.dv;
+    let job = Job {
+        q: query,
+        k: key,
+        v: value,
+        o: options,
+        s: shape,
+        scale,
+        out_shape,
     };
     match (query.device(), backend) {
         (Device::Cpu, SdpBackend::Math) => trace::kernel(describe("math, f32 compute"), || {
             Ok(SdpaOutput {
-                output: cpu_math(query, key, value, options, &shape, scale, &out_shape)?,
+                output: cpu_math(&job)?,
                 lse: None,
                 backend,
             })
@@ -136,8 +142,7 @@ pub fn sdpa(
         (Device::Cpu, SdpBackend::Flash) => {
             let level = crate::cpu::get_cpu_capability().to_string();
             trace::kernel(describe(&format!("fused online softmax, {level}")), || {
-                let (output, lse) =
-                    cpu_fused(query, key, value, options, &shape, scale, &out_shape)?;
+                let (output, lse) = cpu_fused(&job)?;
                 Ok(SdpaOutput {
                     output,
                     lse: Some(lse),
@@ -147,9 +152,7 @@ pub fn sdpa(
         }
         (Device::Wgpu(index), SdpBackend::Flash | SdpBackend::MemEfficient) => {
             trace::kernel(describe("wgsl, f32 compute"), || {
-                wgpu_fused(
-                    index, backend, query, key, value, options, &shape, scale, &out_shape,
-                )
+                wgpu_fused(index, backend, &job)
             })
         }
         (Device::Wgpu(_), SdpBackend::Math) => trace::kernel(describe("math on the host"), || {
@@ -159,17 +162,16 @@ pub fn sdpa(
                 attn_mask: mask.as_ref(),
                 ..*options
             };
-            let out = cpu_math(
-                &host(query)?,
-                &host(key)?,
-                &host(value)?,
-                &host_options,
-                &shape,
-                scale,
-                &out_shape,
-            )?;
+            let (q, k, v) = (host(query)?, host(key)?, host(value)?);
+            let host_job = Job {
+                q: &q,
+                k: &k,
+                v: &v,
+                o: &host_options,
+                ..job.clone()
+            };
             Ok(SdpaOutput {
-                output: out.to_device(query.device())?,
+                output: cpu_math(&host_job)?.to_device(query.device())?,
                 lse: None,
                 backend,
             })
@@ -178,6 +180,44 @@ pub fn sdpa(
             what: "this SDPA backend here",
             why: format!("{backend} has no kernel for {device} tensors in this build"),
         }),
+    }
+}
+
+/// One attention call after selection: the inputs, options, sizes, scale and output shape.
+#[derive(Clone)]
+struct Job<'a> {
+    q: &'a Tensor,
+    k: &'a Tensor,
+    v: &'a Tensor,
+    o: &'a SdpaOptions<'a>,
+    s: Shape,
+    scale: f64,
+    out_shape: Vec<usize>,
+}
+
+impl Job<'_> {
+    /// The fields, for kernels that name them one by one.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        &self,
+    ) -> (
+        &Tensor,
+        &Tensor,
+        &Tensor,
+        &SdpaOptions<'_>,
+        &Shape,
+        f64,
+        &[usize],
+    ) {
+        (
+            self.q,
+            self.k,
+            self.v,
+            self.o,
+            &self.s,
+            self.scale,
+            &self.out_shape,
+        )
     }
 }
 
@@ -291,15 +331,8 @@ fn from_f64_as(dtype: DType, values: Vec<f64>, shape: &[usize], device: Device) 
 /// The math reference: scores, mask, softmax, dropout, weighted sum; in f64 for f64
 /// inputs, else in f32 (intermediates rounded to the 16-bit input type when
 /// `allow_fp16_bf16_reduction_math_sdp` is on).
-fn cpu_math(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    o: &SdpaOptions,
-    s: &Shape,
-    scale: f64,
-    out_shape: &[usize],
-) -> Result<Tensor> {
+fn cpu_math(job: &Job) -> Result<Tensor> {
+    let (q, k, v, o, s, scale, out_shape) = job.parts();
     let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
     let bias = Bias::of(o.attn_mask)?;
     let dtype = q.dtype();
@@ -603,15 +636,8 @@ fn run_block(args: BlockArgs) {
 /// The CPU fused path: tiled online softmax over key blocks, threads over
 /// batch x heads x query blocks. Memory beyond the inputs and outputs is one block of
 /// scores per thread.
-fn cpu_fused(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    o: &SdpaOptions,
-    s: &Shape,
-    scale: f64,
-    out_shape: &[usize],
-) -> Result<(Tensor, Tensor)> {
+fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
+    let (q, k, v, o, s, scale, out_shape) = job.parts();
     let load = |t: &Tensor| -> Result<Vec<f32>> {
         Ok(host_f64(t)?.into_iter().map(|x| x as f32).collect())
     };
@@ -695,18 +721,8 @@ fn cpu_fused(
 }
 
 /// Flash or memory-efficient attention on wgpu through the generated WGSL.
-#[allow(clippy::too_many_arguments)]
-fn wgpu_fused(
-    index: usize,
-    backend: SdpBackend,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    o: &SdpaOptions,
-    s: &Shape,
-    scale: f64,
-    out_shape: &[usize],
-) -> Result<SdpaOutput> {
+fn wgpu_fused(index: usize, backend: SdpBackend, job: &Job) -> Result<SdpaOutput> {
+    let (q, k, v, o, s, scale, out_shape) = job.parts();
     let gpu = crate::gpu::gpu(index)?;
     let elem = if q.dtype() == DType::F16 {
         Elem::F16
