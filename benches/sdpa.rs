@@ -2,12 +2,16 @@
 //! f32 and bf16 on the CPU (smaller shapes on software wgpu adapters). Throughput counts
 //! 4·B·H·Lq·Lk·D FLOPs per call, halved for causal; the selected backend is in the name.
 //!
+//! The `sdpa/selection` group measures what a variant pinned by `#[sdpa_kernel]` saves:
+//! the selection alone, and a whole tiny call, pinned vs walking the priority order.
+//!
 //! `cargo bench --bench sdpa` (add `-- --quick` for a short run).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::bf16;
 
-use backends::attention::{SdpBackend, sdpa_kernel};
+use backends::attention::{SdpBackend, sdpa_kernel, selected_backend};
+use backends::sdpa::params;
 use backends::{Device, Element, SdpaOptions, Tensor, sdpa};
 
 fn input<T: Element>(shape: &[usize], device: Device) -> Option<Tensor> {
@@ -66,7 +70,36 @@ fn bench<T: Element>(
     }
 }
 
+/// Selection and a `[1, 1, 4, 16]` call with every backend enabled: the priority walk.
+#[backends::sdpa_kernel(flash, mem_efficient, math, cudnn, device = cuda)]
+fn walked(c: &mut Criterion, q: &Tensor) {
+    selection_group(c, "walk", q);
+}
+
+/// The same inside a scope that pins CPU flash for f32, head dim 16.
+#[backends::sdpa_kernel(flash, dtype = f32, head_dim = 16, device = cpu)]
+fn pinned(c: &mut Criterion, q: &Tensor) {
+    selection_group(c, "pinned", q);
+}
+
+fn selection_group(c: &mut Criterion, how: &str, q: &Tensor) {
+    let options = SdpaOptions::default();
+    let p = params(q, q, q, &options);
+    assert_eq!(selected_backend(&p).unwrap(), SdpBackend::Flash);
+    let mut group = c.benchmark_group("sdpa/selection");
+    group.bench_function(format!("select/{how}"), |b| {
+        b.iter(|| selected_backend(&p).unwrap())
+    });
+    group.bench_function(format!("call_l4_d16/{how}"), |b| {
+        b.iter(|| sdpa(q, q, q, &options).unwrap())
+    });
+    group.finish();
+}
+
 fn sdpa_benches(c: &mut Criterion) {
+    let tiny = input::<f32>(&[1, 1, 4, 16], Device::Cpu).expect("a CPU tensor");
+    walked(c, &tiny);
+    pinned(c, &tiny);
     let lengths = [512, 1024, 2048, 4096];
     bench::<f32>(c, Device::Cpu, SdpBackend::Flash, &lengths, &[64, 128]);
     bench::<bf16>(c, Device::Cpu, SdpBackend::Flash, &lengths[..2], &[64, 128]);

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::kernels::rules::DeviceKind;
 use crate::{Error, Result};
 
 /// A device: the CPU, a wgpu adapter (by index in [`crate::adapters::list`]) or a CUDA
@@ -18,6 +19,15 @@ pub enum Device {
 }
 
 impl Device {
+    /// Its kind, without the index.
+    pub fn kind(self) -> DeviceKind {
+        match self {
+            Device::Cpu => DeviceKind::Cpu,
+            Device::Wgpu(_) => DeviceKind::Wgpu,
+            Device::Cuda(_) => DeviceKind::Cuda,
+        }
+    }
+
     /// The fastest device tensors can live on here: a real GPU among the wgpu adapters,
     /// else the CPU. (CUDA devices are not chosen yet: tensors have no CUDA storage; the
     /// CUDA kernels are built and loaded by [`crate::cuda::loader`].)

@@ -1,6 +1,7 @@
 //! Element types.
 
 use crate::flag::option_enum;
+use crate::kernels::Elem;
 
 option_enum! {
     /// An element type. Spelled short (`bf16`); PyTorch's names (`bfloat16`) are accepted.
@@ -32,5 +33,27 @@ impl DType {
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
         self != DType::Bool
+    }
+
+    /// The kernel element type it is stored as (`None` for `Bool`).
+    pub fn elem(self) -> Option<Elem> {
+        match self {
+            DType::F16 => Some(Elem::F16),
+            DType::Bf16 => Some(Elem::Bf16),
+            DType::F32 => Some(Elem::F32),
+            DType::F64 => Some(Elem::F64),
+            DType::Bool => None,
+        }
+    }
+}
+
+impl From<Elem> for DType {
+    fn from(elem: Elem) -> DType {
+        match elem {
+            Elem::F16 => DType::F16,
+            Elem::Bf16 => DType::Bf16,
+            Elem::F32 => DType::F32,
+            Elem::F64 => DType::F64,
+        }
     }
 }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
 pub use backends_codegen::keys::*;
+pub use backends_codegen::rules;
 pub use backends_codegen::table::*;
 pub use backends_codegen::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS};
 

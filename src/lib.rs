@@ -64,6 +64,7 @@ mod trace;
 pub mod verbose;
 pub mod xeon;
 
+pub use backends_macros::sdpa_kernel;
 pub use determinism::{
     DETERMINISTIC_ALGORITHMS, DETERMINISTIC_WARN_ONLY, are_deterministic_algorithms_enabled,
     deterministic_required, is_deterministic_algorithms_warn_only_enabled,

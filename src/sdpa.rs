@@ -16,15 +16,15 @@ use half::{bf16, f16};
 
 use crate::attention::{self, SdpBackend};
 use crate::cuda::{SDPAParams, TensorMeta};
-use crate::kernels::{
-    Elem, FLASH_HEAD_DIMS, FlashKey, KernelKey, MEM_EFF_HEAD_DIMS, MaskKind, MemEffKey,
-};
+use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::tensor::{Element, Storage, Tensor};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
 
-/// The options of one attention call beyond q, k and v.
-#[derive(Clone, Copy, Debug, Default)]
+/// The options of one attention call beyond q, k and v. The default has no mask, no
+/// dropout, the default scale, no GQA, seed 0, and `is_causal` false (true inside a
+/// `#[sdpa_kernel(causal)]` function: see [`attention::causal_default`]).
+#[derive(Clone, Copy, Debug)]
 pub struct SdpaOptions<'a> {
     /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`.
     pub attn_mask: Option<&'a Tensor>,
@@ -38,6 +38,19 @@ pub struct SdpaOptions<'a> {
     pub enable_gqa: bool,
     /// Seed of the dropout generator (the same seed drops the same weights).
     pub seed: u64,
+}
+
+impl Default for SdpaOptions<'_> {
+    fn default() -> Self {
+        SdpaOptions {
+            attn_mask: None,
+            dropout_p: 0.0,
+            is_causal: attention::causal_default(),
+            scale: None,
+            enable_gqa: false,
+            seed: 0,
+        }
+    }
 }
 
 /// What an attention call returns.
@@ -107,11 +120,14 @@ pub fn sdpa(
     options: &SdpaOptions,
 ) -> Result<SdpaOutput> {
     let p = params(query, key, value, options);
-    let backend = attention::selected_backend(&p)?;
+    let (backend, pin) = attention::select(&p)?;
     let shape = Shape::of(query, key, value);
     let scale = options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
     let describe = |note: &str| {
-        let note = note.to_string();
+        let note = match pin {
+            Some(_) => format!("{note}, pinned by #[sdpa_kernel]"),
+            None => note.to_string(),
+        };
         move || Call {
             kernel: format!("sdpa_{}", backend.as_str().to_lowercase()),
             backend: query.device().to_string(),
@@ -152,7 +168,7 @@ pub fn sdpa(
         }
         (Device::Wgpu(index), SdpBackend::Flash | SdpBackend::MemEfficient) => {
             trace::kernel(describe("wgsl, f32 compute"), || {
-                wgpu_fused(index, backend, &job)
+                wgpu_fused(index, backend, pin.and_then(|p| p.entry()), &job)
             })
         }
         (Device::Wgpu(_), SdpBackend::Math) => trace::kernel(describe("math on the host"), || {
@@ -668,47 +684,50 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let per = items.len().div_ceil(threads);
     let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
-    std::thread::scope(|scope| {
-        let mut rest = items;
-        while !rest.is_empty() {
-            let take = per.min(rest.len());
-            let chunk: Vec<_> = rest.drain(..take).collect();
-            scope.spawn(move || {
-                let mut scratch = vec![0f32; s.d * BLOCK_N];
-                for (item, o_here, l_here) in chunk {
-                    let (bh, blk) = (item / blocks, item % blocks);
-                    let (b, h) = (bh / s.h, bh % s.h);
-                    let hk = s.kv_head(h);
-                    let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
-                    let q = &qv[bh * s.lq * s.d..(bh + 1) * s.lq * s.d];
-                    let kvh = b * s.hk + hk;
-                    let k = &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d];
-                    let v = &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv];
-                    let mask = bias
-                        .as_ref()
-                        .zip(bias_values.as_deref())
-                        .map(|(m, values)| MaskView {
-                            values,
-                            base: b * m.strides[0] + h * m.strides[1],
-                            si: m.strides[2],
-                            sj: m.strides[3],
-                        });
-                    run_block(BlockArgs {
-                        q,
-                        k,
-                        v,
-                        rows,
-                        s,
-                        scale: scale as f32,
-                        causal: o.is_causal,
-                        bias: mask,
-                        out: o_here,
-                        lse: l_here,
-                        scratch: &mut scratch,
-                    });
-                }
+    let work = |chunk: Vec<(usize, &mut [f32], &mut [f32])>| {
+        let mut scratch = vec![0f32; s.d * BLOCK_N];
+        for (item, o_here, l_here) in chunk {
+            let (bh, blk) = (item / blocks, item % blocks);
+            let (b, h) = (bh / s.h, bh % s.h);
+            let hk = s.kv_head(h);
+            let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
+            let q = &qv[bh * s.lq * s.d..(bh + 1) * s.lq * s.d];
+            let kvh = b * s.hk + hk;
+            let k = &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d];
+            let v = &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv];
+            let mask = bias
+                .as_ref()
+                .zip(bias_values.as_deref())
+                .map(|(m, values)| MaskView {
+                    values,
+                    base: b * m.strides[0] + h * m.strides[1],
+                    si: m.strides[2],
+                    sj: m.strides[3],
+                });
+            run_block(BlockArgs {
+                q,
+                k,
+                v,
+                rows,
+                s,
+                scale: scale as f32,
+                causal: o.is_causal,
+                bias: mask,
+                out: o_here,
+                lse: l_here,
+                scratch: &mut scratch,
             });
         }
+    };
+    // The last chunk runs on the calling thread: a call with one chunk spawns nothing.
+    let work = &work;
+    std::thread::scope(|scope| {
+        let mut rest = items;
+        while rest.len() > per {
+            let chunk: Vec<_> = rest.drain(..per).collect();
+            scope.spawn(move || work(chunk));
+        }
+        work(rest);
     });
     let output = from_f64_as(
         q.dtype(),
@@ -721,7 +740,12 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
 }
 
 /// Flash or memory-efficient attention on wgpu through the generated WGSL.
-fn wgpu_fused(index: usize, backend: SdpBackend, job: &Job) -> Result<SdpaOutput> {
+fn wgpu_fused(
+    index: usize,
+    backend: SdpBackend,
+    pinned: Option<&'static KernelEntry>,
+    job: &Job,
+) -> Result<SdpaOutput> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
     let gpu = crate::gpu::gpu(index)?;
     let elem = if q.dtype() == DType::F16 {
@@ -730,32 +754,17 @@ fn wgpu_fused(index: usize, backend: SdpBackend, job: &Job) -> Result<SdpaOutput
         Elem::F32
     };
     let width = s.d.max(s.dv);
-    let fits = |dims: &[u32]| dims.iter().copied().find(|&d| d as usize >= width);
-    let key = match backend {
-        SdpBackend::Flash => fits(&FLASH_HEAD_DIMS).map(|d| {
-            KernelKey::FlashFwd(FlashKey {
-                elem,
-                head_dim: d,
-                causal: o.is_causal,
-            })
-        }),
-        _ => {
-            let mask = match o.attn_mask.map(Tensor::dtype) {
-                None => MaskKind::None,
-                Some(DType::Bool) => MaskKind::Bool,
-                Some(_) => MaskKind::Additive,
-            };
-            fits(&MEM_EFF_HEAD_DIMS).map(|d| {
-                KernelKey::MemEffFwd(MemEffKey {
-                    elem,
-                    mask,
-                    head_dim_max: d,
-                })
-            })
-        }
+    let mask = match o.attn_mask.map(Tensor::dtype) {
+        None => MaskKind::None,
+        Some(DType::Bool) => MaskKind::Bool,
+        Some(_) => MaskKind::Additive,
     };
-    let entry = key
-        .and_then(|k| crate::kernels::lookup(&k))
+    let entry = pinned
+        .filter(|e| e.wgsl.is_some())
+        .or_else(|| {
+            rules::kernel_key(backend.into(), elem, width, o.is_causal, mask)
+                .and_then(|k| crate::kernels::lookup(&k))
+        })
         .ok_or_else(|| Error::Unavailable {
             what: "an attention kernel",
             why: format!("no {backend} variant serves head dim {width}"),

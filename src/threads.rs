@@ -1,5 +1,7 @@
 //! `torch.get_num_threads` / `set_num_threads`: the size of the CPU kernels' pool.
 
+use std::sync::OnceLock;
+
 use crate::flag::{EnvInit, Flag};
 use crate::{Error, Result};
 
@@ -25,8 +27,11 @@ fn parse_thread_count(text: &str) -> Option<u32> {
 
 /// The number of threads the CPU kernels run on.
 pub fn get_num_threads() -> usize {
+    // Asking the OS reads cgroup files (tens of microseconds): once per process.
+    static LOGICAL_CPUS: OnceLock<usize> = OnceLock::new();
     match NUM_THREADS.get() {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        0 => *LOGICAL_CPUS
+            .get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         n => n as usize,
     }
 }

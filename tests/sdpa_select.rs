@@ -1,7 +1,9 @@
 //! SDPA backend selection: a table of parameter combinations with the selected backend
 //! and the exact reasons of every backend; guards, priority, and the aborting error.
 
-use backends::attention::{DeviceCaps, Reason, SdpBackend, sdpa_kernel_scoped, select_with};
+use backends::attention::{
+    DeviceCaps, HeadDims, Reason, SdpBackend, sdpa_kernel_scoped, select_with,
+};
 use backends::cuda::{SDPAParams, TensorMeta};
 use backends::{DType, Device, Error};
 
@@ -70,17 +72,14 @@ struct Case {
     cudnn: Vec<Reason>,
 }
 
-fn head_dim(d: usize, rule: &str) -> Reason {
+fn head_dim(d: usize, max: usize, multiple_of: usize) -> Reason {
     Reason::HeadDim {
         query: d,
         key: d,
         value: d,
-        rule: rule.into(),
+        rule: HeadDims { max, multiple_of },
     }
 }
-
-const FLASH_RULE: &str =
-    "q,k,v to have the same last dimension and to be less than or equal to 256";
 
 fn cases() -> Vec<Case> {
     let cu = Device::Cuda(0);
@@ -144,15 +143,9 @@ fn cases() -> Vec<Case> {
             params: params(8, 8, 128, 128, 512, DType::F16, cu),
             caps: sm80,
             selected: Math,
-            flash: vec![head_dim(512, FLASH_RULE)],
-            mem_efficient: vec![head_dim(
-                512,
-                "q,k,v to have the same last dimension, divisible by 8 and at most 256",
-            )],
-            cudnn: vec![head_dim(
-                512,
-                "q,k,v to have the same last dimension, a multiple of 8 of at most 128",
-            )],
+            flash: vec![head_dim(512, 256, 1)],
+            mem_efficient: vec![head_dim(512, 256, 8)],
+            cudnn: vec![head_dim(512, 128, 8)],
         },
         Case {
             name: "head dim 36 in fp16: not a multiple of 8",
@@ -160,14 +153,8 @@ fn cases() -> Vec<Case> {
             caps: sm80,
             selected: Flash,
             flash: vec![],
-            mem_efficient: vec![head_dim(
-                36,
-                "q,k,v to have the same last dimension, divisible by 8 and at most 256",
-            )],
-            cudnn: vec![head_dim(
-                36,
-                "q,k,v to have the same last dimension, a multiple of 8 of at most 128",
-            )],
+            mem_efficient: vec![head_dim(36, 256, 8)],
+            cudnn: vec![head_dim(36, 128, 8)],
         },
         Case {
             name: "a float mask rules out flash and cuDNN",
@@ -241,10 +228,7 @@ fn cases() -> Vec<Case> {
             selected: Flash,
             flash: vec![],
             mem_efficient: vec![],
-            cudnn: vec![head_dim(
-                256,
-                "q,k,v to have the same last dimension, a multiple of 8 of at most 128",
-            )],
+            cudnn: vec![head_dim(256, 128, 8)],
         },
         Case {
             name: "CPU fp32: the fused path",

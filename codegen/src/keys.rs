@@ -11,6 +11,8 @@ pub enum Elem {
     F16,
     /// bfloat16.
     Bf16,
+    /// IEEE binary64 (CPU kernels only).
+    F64,
 }
 
 impl Elem {
@@ -20,6 +22,7 @@ impl Elem {
             Elem::F32 => "f32",
             Elem::F16 => "f16",
             Elem::Bf16 => "bf16",
+            Elem::F64 => "f64",
         }
     }
 
@@ -29,15 +32,16 @@ impl Elem {
             Elem::F32 => "float",
             Elem::F16 => "half_t",
             Elem::Bf16 => "bf16_t",
+            Elem::F64 => "double",
         }
     }
 
-    /// The WGSL type for it; WGSL has no bf16.
+    /// The WGSL type for it; WGSL has no bf16 or f64.
     pub fn wgsl_type(self) -> Option<&'static str> {
         match self {
             Elem::F32 => Some("f32"),
             Elem::F16 => Some("f16"),
-            Elem::Bf16 => None,
+            Elem::Bf16 | Elem::F64 => None,
         }
     }
 }

@@ -10,10 +10,13 @@
 //!   validates the WGSL with naga and translates it to MSL, compiles each CUDA family to
 //!   PTX with NVRTC for [`variants::CUDA_ARCHS`], and writes the Rust dispatch table;
 //! - [`table`] holds the types of that table;
+//! - [`rules`] says what each SDPA backend accepts, for the run-time selection and the
+//!   compile-time checks of `#[sdpa_kernel]` alike;
 //! - `nvrtc` (feature `nvrtc`) finds and drives NVRTC through cudarc, at build time and for
 //!   the run-time fallback.
 
 pub mod keys;
+pub mod rules;
 pub mod table;
 pub mod variants;
 

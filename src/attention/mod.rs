@@ -1,15 +1,19 @@
 //! `torch.nn.attention`: the SDPA backends, the `sdpa_kernel` guard, and the selection of
 //! the backend that serves a call.
 
+mod pin;
 mod select;
 
-pub(crate) use select::no_kernel_message;
+pub use pin::{Pin, causal_default, pinned, sdpa_kernel_scope};
 pub use select::{
     DeviceCaps, Reason, Verdict, can_use_cudnn_attention, can_use_efficient_attention,
     can_use_flash_attention, check, explain, explain_with, select_with, selected_backend, validate,
 };
+pub(crate) use select::{no_kernel_message, select};
 
 use std::fmt;
+
+pub use crate::kernels::rules::HeadDims;
 
 use crate::cuda::sdp;
 use crate::flag::{FlagGuard, FlagValue, Guard, ScopedGuard, option_enum};
@@ -25,6 +29,17 @@ option_enum! {
         MemEfficient = "EFFICIENT_ATTENTION",
         /// cuDNN's fused attention.
         Cudnn = "CUDNN_ATTENTION",
+    }
+}
+
+impl From<SdpBackend> for crate::kernels::rules::Backend {
+    fn from(backend: SdpBackend) -> Self {
+        match backend {
+            SdpBackend::Math => Self::Math,
+            SdpBackend::Flash => Self::Flash,
+            SdpBackend::MemEfficient => Self::MemEfficient,
+            SdpBackend::Cudnn => Self::Cudnn,
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 use std::fmt;
 
 use super::SdpBackend;
+use super::pin::Pin;
 use crate::cuda::{SDPAParams, TensorMeta};
+use crate::kernels::rules::{self, HeadDims};
 use crate::{DType, Device, Error, Result};
 
 /// The facts about a device that the checks read. [`DeviceCaps::of`] asks the machine;
@@ -24,6 +26,16 @@ pub struct DeviceCaps {
 }
 
 impl DeviceCaps {
+    /// The facts the shared backend rules read.
+    pub fn target(&self) -> rules::Target {
+        rules::Target {
+            kind: self.device.kind(),
+            sm: self.sm,
+            shader_f16: self.shader_f16,
+            cudnn_version: self.cudnn_version,
+        }
+    }
+
     /// What this machine reports about `device`.
     pub fn of(device: Device) -> DeviceCaps {
         match device {
@@ -91,8 +103,8 @@ pub enum Reason {
         key: usize,
         /// v's last dimension.
         value: usize,
-        /// The rule, in words.
-        rule: String,
+        /// The rule it breaks.
+        rule: HeadDims,
     },
     /// The backend takes no `attn_mask` (only `is_causal`).
     AttnMask,
@@ -185,12 +197,7 @@ pub type Verdict = (SdpBackend, Vec<Reason>);
 
 /// The backend's display name in PyTorch's messages.
 fn title(backend: SdpBackend) -> &'static str {
-    match backend {
-        SdpBackend::Flash => "Flash attention",
-        SdpBackend::MemEfficient => "Memory efficient attention",
-        SdpBackend::Math => "Math attention",
-        SdpBackend::Cudnn => "cuDNN attention",
-    }
+    rules::Backend::from(backend).title()
 }
 
 /// Checks the inputs every backend needs: ranks, batch and head counts, lengths, head
@@ -346,148 +353,76 @@ fn common(p: &SDPAParams, caps: &DeviceCaps, reasons: &mut Vec<Reason>) {
     }
 }
 
-fn dtype(p: &SDPAParams, accepted: &[DType], reasons: &mut Vec<Reason>) {
-    if !accepted.contains(&p.query.dtype) {
-        reasons.push(Reason::Dtype {
-            got: p.query.dtype,
-            accepted: accepted.to_vec(),
-        });
-    }
-}
-
-fn arch(caps: &DeviceCaps, min: (u32, u32), reasons: &mut Vec<Reason>) {
-    if let Some(have) = caps.sm
-        && have < min
-    {
-        reasons.push(Reason::Arch { have, min });
-    }
-}
-
-fn causal_square(p: &SDPAParams, reasons: &mut Vec<Reason>) {
-    let ((lq, lk), _) = dims(p);
-    if p.is_causal && lq != lk {
-        reasons.push(Reason::CausalNonSquare { lq, lk });
-    }
-}
-
-fn gqa_heads(p: &SDPAParams) -> bool {
-    let r = p.query.shape.len();
-    p.enable_gqa && r >= 3 && p.query.shape[r - 3] != p.key.shape[r - 3]
-}
-
 /// The reasons `backend` cannot serve `params` on a device described by `caps` (empty:
-/// it can), ignoring whether the backend is enabled.
+/// it can), ignoring whether the backend is enabled. The static rules come from
+/// [`rules`], shared with the compile-time checks of `#[sdpa_kernel]`.
 pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reason> {
+    let b = rules::Backend::from(backend);
+    let target = caps.target();
+    if !rules::has_kernel(b, target.kind) {
+        return vec![Reason::UnsupportedDevice(caps.device)];
+    }
     let mut reasons = Vec::new();
-    if backend == SdpBackend::Math {
+    if b == rules::Backend::Math {
         if !caps.present {
             reasons.push(Reason::DeviceMissing(caps.device));
         }
         return reasons;
     }
-    let (_, [dq, dk, dv]) = dims(p);
-    let is_16 = matches!(p.query.dtype, DType::F16 | DType::Bf16);
-    let kind = caps.device;
-    match (backend, kind) {
-        (SdpBackend::Flash, Device::Cpu) => {
-            common(p, caps, &mut reasons);
-            dtype(
-                p,
-                &[DType::F32, DType::F64, DType::Bf16, DType::F16],
-                &mut reasons,
-            );
-            if p.dropout > 0.0 {
-                reasons.push(Reason::Dropout(p.dropout));
+    common(p, caps, &mut reasons);
+    let accepted = rules::dtypes(b, &target);
+    let elem = p.query.dtype.elem();
+    if !elem.is_some_and(|e| accepted.contains(&e)) {
+        reasons.push(Reason::Dtype {
+            got: p.query.dtype,
+            accepted: accepted.iter().map(|&e| DType::from(e)).collect(),
+        });
+    }
+    if let (Some(have), Some(min)) = (caps.sm, rules::min_arch(b))
+        && have < min
+    {
+        reasons.push(Reason::Arch { have, min });
+    }
+    let ((lq, lk), head @ [query, key, value]) = dims(p);
+    if let Some(rule) = elem.and_then(|e| rules::head_dims(b, &target, e))
+        && !rule.allows(head)
+    {
+        reasons.push(Reason::HeadDim {
+            query,
+            key,
+            value,
+            rule,
+        });
+    }
+    if p.attn_mask.is_some() && !rules::takes_mask(b, target.kind) {
+        reasons.push(Reason::AttnMask);
+    }
+    if p.is_causal && lq != lk && !rules::causal_any_lengths(b, target.kind) {
+        reasons.push(Reason::CausalNonSquare { lq, lk });
+    }
+    if gqa_heads(p) && !rules::takes_gqa(b) {
+        reasons.push(Reason::Gqa);
+    }
+    if p.dropout > 0.0 && !rules::takes_dropout(b, target.kind) {
+        reasons.push(Reason::Dropout(p.dropout));
+    }
+    if b == rules::Backend::Cudnn {
+        match caps.cudnn_version {
+            None => reasons.push(Reason::Library(
+                "cuDNN (libcudnn.so.9) is not loadable here".into(),
+            )),
+            Some(v) if v < 90000 => {
+                reasons.push(Reason::Library(format!("cuDNN {v} is older than 9.0")))
             }
+            Some(_) => {}
         }
-        (SdpBackend::Flash, Device::Cuda(_) | Device::Wgpu(_)) => {
-            common(p, caps, &mut reasons);
-            let accepted: &[DType] = match kind {
-                Device::Wgpu(_) if caps.shader_f16 => &[DType::F16, DType::F32],
-                Device::Wgpu(_) => &[DType::F32],
-                _ => &[DType::F16, DType::Bf16],
-            };
-            dtype(p, accepted, &mut reasons);
-            arch(caps, (8, 0), &mut reasons);
-            if !(dq == dk && dk == dv && dq <= 256) {
-                reasons.push(Reason::HeadDim {
-                    query: dq,
-                    key: dk,
-                    value: dv,
-                    rule:
-                        "q,k,v to have the same last dimension and to be less than or equal to 256"
-                            .into(),
-                });
-            }
-            if p.attn_mask.is_some() {
-                reasons.push(Reason::AttnMask);
-            }
-            causal_square(p, &mut reasons);
-        }
-        (SdpBackend::MemEfficient, Device::Cuda(_) | Device::Wgpu(_)) => {
-            common(p, caps, &mut reasons);
-            let accepted: Vec<DType> = match kind {
-                Device::Wgpu(_) if caps.shader_f16 => vec![DType::F32, DType::F16],
-                Device::Wgpu(_) => vec![DType::F32],
-                _ if caps.sm.is_none_or(|sm| sm >= (8, 0)) => {
-                    vec![DType::F32, DType::F16, DType::Bf16]
-                }
-                _ => vec![DType::F32, DType::F16],
-            };
-            dtype(p, &accepted, &mut reasons);
-            arch(caps, (5, 0), &mut reasons);
-            let multiple = if is_16 { 8 } else { 4 };
-            if dq % multiple != 0 || dv != dq || dq > 256 {
-                reasons.push(Reason::HeadDim {
-                    query: dq,
-                    key: dk,
-                    value: dv,
-                    rule: format!("q,k,v to have the same last dimension, divisible by {multiple} and at most 256"),
-                });
-            }
-            if gqa_heads(p) {
-                reasons.push(Reason::Gqa);
-            }
-        }
-        (SdpBackend::Cudnn, Device::Cuda(_)) => {
-            common(p, caps, &mut reasons);
-            dtype(p, &[DType::F16, DType::Bf16], &mut reasons);
-            arch(caps, (8, 0), &mut reasons);
-            let new_cudnn = caps.cudnn_version.is_some_and(|v| v >= 90500);
-            let max = if caps.sm.is_some_and(|sm| sm.0 >= 9) && new_cudnn {
-                256
-            } else {
-                128
-            };
-            if !(dq == dk && dk == dv && dq <= max && dq % 8 == 0) {
-                reasons.push(Reason::HeadDim {
-                    query: dq,
-                    key: dk,
-                    value: dv,
-                    rule: format!(
-                        "q,k,v to have the same last dimension, a multiple of 8 of at most {max}"
-                    ),
-                });
-            }
-            if p.attn_mask.is_some() {
-                reasons.push(Reason::AttnMask);
-            }
-            if gqa_heads(p) {
-                reasons.push(Reason::Gqa);
-            }
-            match caps.cudnn_version {
-                None => reasons.push(Reason::Library(
-                    "cuDNN (libcudnn.so.9) is not loadable here".into(),
-                )),
-                Some(v) if v < 90000 => {
-                    reasons.push(Reason::Library(format!("cuDNN {v} is older than 9.0")))
-                }
-                Some(_) => {}
-            }
-        }
-        (_, device) => reasons.push(Reason::UnsupportedDevice(device)),
     }
     reasons
+}
+
+fn gqa_heads(p: &SDPAParams) -> bool {
+    let r = p.query.shape.len();
+    p.enable_gqa && r >= 3 && p.query.shape[r - 3] != p.key.shape[r - 3]
 }
 
 /// Every backend's verdict for `params` on `caps`, in priority order; a disabled backend
@@ -524,15 +459,29 @@ pub fn select_with(p: &SDPAParams, caps: &DeviceCaps) -> Result<SdpBackend> {
         .into_iter()
         .filter(|(_, r)| r.first() != Some(&Reason::Disabled))
         .collect();
-    for (backend, reasons) in &enabled {
-        warn(*backend, reasons);
-    }
+    warn_all(&enabled);
     Err(Error::NoAvailableKernel { reasons: enabled })
 }
 
-/// [`select_with`] on the device the query lives on (PyTorch users long asked for this).
+/// The backend that serves `params` on the device its query lives on (PyTorch users long
+/// asked for this). Inside an `#[sdpa_kernel]` scope that pins a variant, a call of that
+/// variant is checked against the pinned backend only.
 pub fn selected_backend(p: &SDPAParams) -> Result<SdpBackend> {
-    select_with(p, &DeviceCaps::of(p.query.device))
+    select(p).map(|(backend, _)| backend)
+}
+
+/// [`selected_backend`] with the pin that decided it, if one did.
+pub(crate) fn select(p: &SDPAParams) -> Result<(SdpBackend, Option<Pin>)> {
+    if let Some(pinned) = super::pin::select_pinned(p) {
+        return pinned;
+    }
+    select_with(p, &DeviceCaps::of(p.query.device)).map(|backend| (backend, None))
+}
+
+pub(super) fn warn_all(verdicts: &[Verdict]) {
+    for (backend, reasons) in verdicts {
+        warn(*backend, reasons);
+    }
 }
 
 fn warn(backend: SdpBackend, reasons: &[Reason]) {

@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(math)]
+const fn attend() {}
+
+fn main() {
+    attend();
+}

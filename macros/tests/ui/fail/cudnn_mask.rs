@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(cudnn, mask = bool)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

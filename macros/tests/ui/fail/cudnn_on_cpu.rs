@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(cudnn, device = cpu)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

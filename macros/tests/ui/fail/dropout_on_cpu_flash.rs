@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(flash, dropout, device = cpu)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

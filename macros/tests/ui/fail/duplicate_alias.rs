@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(mem_efficient, efficient)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(flash, math, flash)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

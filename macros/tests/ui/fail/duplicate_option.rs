@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(math, causal, causal)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

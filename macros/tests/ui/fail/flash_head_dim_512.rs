@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(flash, head_dim = 512)]
+fn attend() {}
+
+fn main() {
+    attend();
+}

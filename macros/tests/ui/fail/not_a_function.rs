@@ -1,0 +1,4 @@
+#[backends::sdpa_kernel(math)]
+struct Attention;
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(flash, turbo)]
+fn attend() {}
+
+fn main() {
+    attend();
+}
