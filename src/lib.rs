@@ -42,6 +42,7 @@ mod determinism;
 pub mod device;
 pub mod dtype;
 mod dylib;
+pub mod einsum;
 mod error;
 pub mod flag;
 mod gpu;
@@ -72,6 +73,7 @@ pub use determinism::{
 };
 pub use device::Device;
 pub use dtype::DType;
+pub use einsum::{einsum, einsum_path};
 pub use error::{Error, Result};
 pub use flag::{Flag, FlagSource, Guard, ScopedGuard};
 pub use matmul::{EMULATE_REDUCED_PRECISION, matmul};

@@ -17,7 +17,7 @@ use half::{bf16, f16};
 use crate::attention::{self, SdpBackend};
 use crate::cuda::{SDPAParams, TensorMeta};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::tensor::{Element, Storage, Tensor};
+use crate::tensor::{Storage, Tensor};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
 
@@ -271,18 +271,16 @@ impl Shape {
 }
 
 /// Any float tensor's elements as f64, row-major.
+/// The values of `t` as f64; a boolean mask as additive 0 / -inf.
 fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
-    Ok(match t.dtype() {
-        DType::F32 => t.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
-        DType::F64 => t.to_vec::<f64>()?,
-        DType::F16 => t.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
-        DType::Bf16 => t.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
-        DType::Bool => t
+    if t.dtype() == DType::Bool {
+        return Ok(t
             .to_bools()?
             .into_iter()
             .map(|b| if b { 0.0 } else { f64::NEG_INFINITY })
-            .collect(),
-    })
+            .collect());
+    }
+    t.to_f64()
 }
 
 /// The mask as additive values with broadcast strides over `[B, H, Lq, Lk]`.
@@ -325,23 +323,6 @@ fn keep(seed: u64, index: u64, p: f64) -> bool {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
     ((z >> 11) as f64 / (1u64 << 53) as f64) >= p
-}
-
-fn from_f64_as(dtype: DType, values: Vec<f64>, shape: &[usize], device: Device) -> Result<Tensor> {
-    fn conv<T: Element>(v: Vec<f64>, shape: &[usize], device: Device) -> Result<Tensor> {
-        Tensor::from_vec(v.into_iter().map(T::from_f64).collect(), shape, device)
-    }
-    match dtype {
-        DType::F32 => conv::<f32>(values, shape, device),
-        DType::F64 => conv::<f64>(values, shape, device),
-        DType::F16 => conv::<f16>(values, shape, device),
-        DType::Bf16 => conv::<bf16>(values, shape, device),
-        DType::Bool => Err(Error::DTypeMismatch {
-            op: "scaled_dot_product_attention",
-            expected: DType::F32,
-            got: DType::Bool,
-        }),
-    }
 }
 
 /// The math reference: scores, mask, softmax, dropout, weighted sum; in f64 for f64
@@ -405,7 +386,7 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
             }
         }
     }
-    from_f64_as(dtype, out, out_shape, Device::Cpu)
+    Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)
 }
 
 /// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with a degree-6 polynomial for
@@ -729,12 +710,8 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         }
         work(rest);
     });
-    let output = from_f64_as(
-        q.dtype(),
-        out.into_iter().map(f64::from).collect(),
-        out_shape,
-        Device::Cpu,
-    )?;
+    let out: Vec<f64> = out.into_iter().map(f64::from).collect();
+    let output = Tensor::from_f64(&out, out_shape, q.dtype(), Device::Cpu)?;
     let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
     Ok((output, lse))
 }

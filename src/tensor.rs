@@ -295,6 +295,56 @@ impl Tensor {
         }
     }
 
+    /// Whether `other` is the same view of the same storage (as PyTorch's `q is k`).
+    pub fn is_same(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+            && self.shape == other.shape
+            && self.strides == other.strides
+            && self.offset == other.offset
+    }
+
+    /// The elements in row-major order as f64, copied to the host (`Bool` as 0 and 1).
+    pub fn to_f64(&self) -> Result<Vec<f64>> {
+        Ok(match self.dtype {
+            DType::F32 => self.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+            DType::F64 => self.to_vec::<f64>()?,
+            DType::F16 => self.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
+            DType::Bf16 => self.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
+            DType::Bool => self
+                .to_bools()?
+                .into_iter()
+                .map(|b| f64::from(u8::from(b)))
+                .collect(),
+        })
+    }
+
+    /// A tensor of `dtype` on `device` from f64 values in row-major order (rounded to
+    /// nearest; `Bool` is true where a value is non-zero).
+    pub fn from_f64(
+        values: &[f64],
+        shape: &[usize],
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        fn convert<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Result<Tensor> {
+            Tensor::from_vec(
+                values.iter().map(|&x| T::from_f64(x)).collect(),
+                shape,
+                device,
+            )
+        }
+        match dtype {
+            DType::F32 => convert::<f32>(values, shape, device),
+            DType::F64 => convert::<f64>(values, shape, device),
+            DType::F16 => convert::<f16>(values, shape, device),
+            DType::Bf16 => convert::<bf16>(values, shape, device),
+            DType::Bool => {
+                let bools: Vec<bool> = values.iter().map(|&x| x != 0.0).collect();
+                Tensor::from_bools(&bools, shape, device)
+            }
+        }
+    }
+
     /// Reads the view's elements from a buffer in row-major order.
     fn gather<T: Copy>(&self, data: &[T]) -> Vec<T> {
         if self.is_contiguous() {

@@ -1,0 +1,234 @@
+//! `multi_head_attention_forward`: the fast and composed paths against a float64
+//! reference and each other; the switch and the conditions that pick the path.
+
+mod common;
+
+use backends::mha::{self, MhaOptions, MhaOutput, MhaPath, MhaWeights};
+use backends::{DType, Device, Error, Tensor};
+use common::{random, rel_err};
+
+const N: usize = 2;
+const L: usize = 9;
+const E: usize = 16;
+const H: usize = 4;
+
+struct Layer {
+    w_in: Vec<f64>,
+    b_in: Vec<f64>,
+    w_out: Vec<f64>,
+    b_out: Vec<f64>,
+}
+
+impl Layer {
+    fn random() -> Layer {
+        let scale = |v: Vec<f64>| v.into_iter().map(|x| x * 0.3).collect();
+        Layer {
+            w_in: scale(random(3 * E * E)),
+            b_in: random(3 * E),
+            w_out: scale(random(E * E)),
+            b_out: random(E),
+        }
+    }
+
+    fn tensors(&self) -> [Tensor; 4] {
+        let t = |v: &[f64], s: &[usize]| Tensor::from_f64(v, s, DType::F32, Device::Cpu).unwrap();
+        [
+            t(&self.w_in, &[3 * E, E]),
+            t(&self.b_in, &[3 * E]),
+            t(&self.w_out, &[E, E]),
+            t(&self.b_out, &[E]),
+        ]
+    }
+
+    /// Multi-head attention in float64, written out directly.
+    fn reference(
+        &self,
+        x: &[f64],
+        kv: &[f64],
+        s: usize,
+        padding: &[bool],
+        causal: bool,
+    ) -> Vec<f64> {
+        let d = E / H;
+        let proj = |input: &[f64], rows: usize, part: usize| -> Vec<f64> {
+            let mut out = vec![0.0; rows * E];
+            for r in 0..rows {
+                for o in 0..E {
+                    let w = &self.w_in[(part * E + o) * E..(part * E + o + 1) * E];
+                    out[r * E + o] = self.b_in[part * E + o]
+                        + (0..E).map(|i| input[r * E + i] * w[i]).sum::<f64>();
+                }
+            }
+            out
+        };
+        let (q, k, v) = (proj(x, N * L, 0), proj(kv, N * s, 1), proj(kv, N * s, 2));
+        let mut merged = vec![0.0; N * L * E];
+        for b in 0..N {
+            for h in 0..H {
+                for i in 0..L {
+                    let mut w: Vec<f64> = (0..s)
+                        .map(|j| {
+                            if padding.get(b * s + j) == Some(&true) || (causal && j > i) {
+                                return f64::NEG_INFINITY;
+                            }
+                            (0..d)
+                                .map(|x| {
+                                    q[(b * L + i) * E + h * d + x] * k[(b * s + j) * E + h * d + x]
+                                })
+                                .sum::<f64>()
+                                / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let sum: f64 = w.iter().map(|x| (x - max).exp()).sum();
+                    w.iter_mut().for_each(|x| *x = (*x - max).exp() / sum);
+                    for x in 0..d {
+                        merged[(b * L + i) * E + h * d + x] =
+                            (0..s).map(|j| w[j] * v[(b * s + j) * E + h * d + x]).sum();
+                    }
+                }
+            }
+        }
+        let mut out = vec![0.0; N * L * E];
+        for r in 0..N * L {
+            for o in 0..E {
+                out[r * E + o] = self.b_out[o]
+                    + (0..E)
+                        .map(|i| merged[r * E + i] * self.w_out[o * E + i])
+                        .sum::<f64>();
+            }
+        }
+        out
+    }
+}
+
+fn run(layer: &[Tensor; 4], q: &Tensor, kv: &Tensor, options: &MhaOptions) -> MhaOutput {
+    let weights = MhaWeights {
+        in_proj_weight: &layer[0],
+        in_proj_bias: Some(&layer[1]),
+        out_proj_weight: &layer[2],
+        out_proj_bias: Some(&layer[3]),
+    };
+    mha::multi_head_attention_forward(q, kv, kv, H, &weights, options).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_f64().unwrap()
+}
+
+#[test]
+fn fast_and_composed_paths_agree_with_the_reference() {
+    let layer = Layer::random();
+    let tensors = layer.tensors();
+    let xv = random(N * L * E);
+    let x = Tensor::from_f64(&xv, &[N, L, E], DType::F32, Device::Cpu).unwrap();
+    let xv = values(&x);
+    // Keys 7 and 8 of batch entry 1 are padding.
+    let padding: Vec<bool> = (0..N * L).map(|i| i >= L + 7).collect();
+    let mask = Tensor::from_bools(&padding, &[N, L], Device::Cpu).unwrap();
+    for causal in [false, true] {
+        let options = MhaOptions {
+            key_padding_mask: Some(&mask),
+            is_causal: causal,
+            ..MhaOptions::default()
+        };
+        let fast = run(&tensors, &x, &x, &options);
+        assert_eq!(fast.path, MhaPath::Fast);
+        let composed = {
+            let _off = mha::FASTPATH.guard_scoped(false);
+            run(&tensors, &x, &x, &options)
+        };
+        assert_eq!(
+            composed.path,
+            MhaPath::Composed,
+            "the switch forces the composed path"
+        );
+        let reference = layer.reference(&xv, &xv, L, &padding, causal);
+        for out in [&fast, &composed] {
+            let err = rel_err(&values(&out.output), &reference);
+            assert!(err < 1e-5, "{:?} causal={causal}: {err:e}", out.path);
+        }
+        let between = rel_err(&values(&fast.output), &values(&composed.output));
+        assert!(between < 1e-5, "{between:e}");
+    }
+}
+
+#[test]
+fn the_conditions_pick_the_path_and_the_trace_names_it() {
+    let layer = Layer::random().tensors();
+    let x = Tensor::from_f64(&random(N * L * E), &[N, L, E], DType::F32, Device::Cpu).unwrap();
+    let other = Tensor::from_f64(&random(N * 5 * E), &[N, 5, E], DType::F32, Device::Cpu).unwrap();
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    assert_eq!(
+        run(&layer, &x, &x, &MhaOptions::default()).path,
+        MhaPath::Fast
+    );
+    assert!(capture.take().iter().any(|l| l.contains(",mha_fast_path,")));
+    // Cross-attention: no single packed projection.
+    assert_eq!(
+        run(&layer, &x, &other, &MhaOptions::default()).path,
+        MhaPath::Composed
+    );
+    assert!(capture.take().iter().any(|l| l.contains(",mha_composed,")));
+    // Weights asked for: composed, and each row of weights sums to one.
+    let with_weights = MhaOptions {
+        need_weights: true,
+        ..MhaOptions::default()
+    };
+    let out = run(&layer, &x, &x, &with_weights);
+    assert_eq!(out.path, MhaPath::Composed);
+    let w = values(out.weights.as_ref().unwrap());
+    assert_eq!(out.weights.unwrap().shape(), &[N, L, L]);
+    for row in w.chunks(L) {
+        assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-5);
+    }
+    // A batch entry whose every key is padding: composed (NaN rows, as PyTorch's math).
+    let all_padded: Vec<bool> = (0..N * L).map(|i| i < L).collect();
+    let mask = Tensor::from_bools(&all_padded, &[N, L], Device::Cpu).unwrap();
+    let padded = MhaOptions {
+        key_padding_mask: Some(&mask),
+        ..MhaOptions::default()
+    };
+    let out = run(&layer, &x, &x, &padded);
+    assert_eq!(out.path, MhaPath::Composed);
+    let v = values(&out.output);
+    assert!(v[..L * E].iter().all(|x| x.is_nan()));
+    assert!(v[L * E..].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn the_cross_attention_path_matches_the_reference() {
+    let layer = Layer::random();
+    let tensors = layer.tensors();
+    let x = Tensor::from_f64(&random(N * L * E), &[N, L, E], DType::F32, Device::Cpu).unwrap();
+    let kv = Tensor::from_f64(&random(N * 5 * E), &[N, 5, E], DType::F32, Device::Cpu).unwrap();
+    let out = run(&tensors, &x, &kv, &MhaOptions::default());
+    let reference = layer.reference(&values(&x), &values(&kv), 5, &[], false);
+    assert!(rel_err(&values(&out.output), &reference) < 1e-5);
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let layer = Layer::random().tensors();
+    let weights = MhaWeights {
+        in_proj_weight: &layer[0],
+        in_proj_bias: Some(&layer[1]),
+        out_proj_weight: &layer[2],
+        out_proj_bias: None,
+    };
+    let x = Tensor::full(0.5f32, &[N, L, E], Device::Cpu).unwrap();
+    let heads = mha::multi_head_attention_forward(&x, &x, &x, 3, &weights, &MhaOptions::default());
+    assert!(matches!(heads, Err(Error::InvalidArgument { .. })));
+    let flat = Tensor::full(0.5f32, &[L, E], Device::Cpu).unwrap();
+    let rank =
+        mha::multi_head_attention_forward(&flat, &flat, &flat, H, &weights, &MhaOptions::default());
+    assert!(matches!(rank, Err(Error::ShapeMismatch { .. })));
+    let bad_mask = Tensor::full(1f32, &[N, L], Device::Cpu).unwrap();
+    let options = MhaOptions {
+        key_padding_mask: Some(&bad_mask),
+        ..MhaOptions::default()
+    };
+    let mask = mha::multi_head_attention_forward(&x, &x, &x, H, &weights, &options);
+    assert!(matches!(mask, Err(Error::ShapeMismatch { .. })));
+}
