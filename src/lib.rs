@@ -44,6 +44,7 @@ pub mod dtype;
 mod dylib;
 pub mod einsum;
 mod error;
+pub mod fft;
 pub mod flag;
 mod gpu;
 pub mod info;

@@ -39,12 +39,87 @@ enum Command {
         #[arg(long, value_parser = parse_sm)]
         sm: Option<(u32, u32)>,
     },
+    /// Runs a program with tuned CPU settings: instances bound to cores, OMP_NUM_THREADS,
+    /// a preloaded allocator (`torch.backends.xeon.run_cpu`).
+    RunCpu(RunCpuArgs),
     /// Prints every module's capabilities and flags (and where each value came from).
     Info {
         /// Prints one JSON object keyed by module name instead of text.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// The options of `backends run-cpu`, as PyTorch's launcher names them.
+#[derive(clap::Args)]
+struct RunCpuArgs {
+    /// Number of instances (default: from the mode, or 1).
+    #[arg(long, default_value_t = 0)]
+    ninstances: usize,
+    /// Cores per instance (default: from the mode, or all usable cores shared out).
+    #[arg(long, default_value_t = 0)]
+    ncores_per_instance: usize,
+    /// Only use the cores of this NUMA node.
+    #[arg(long)]
+    node_id: Option<usize>,
+    /// Use hyperthreads too (every logical CPU).
+    #[arg(long)]
+    use_logical_core: bool,
+    /// Bind with sched_setaffinity even where numactl is installed.
+    #[arg(long)]
+    disable_numactl: bool,
+    /// Preload jemalloc.
+    #[arg(long)]
+    enable_jemalloc: bool,
+    /// Preload tcmalloc.
+    #[arg(long)]
+    enable_tcmalloc: bool,
+    /// Preload no allocator (default: tcmalloc, else jemalloc, where installed).
+    #[arg(long)]
+    use_default_allocator: bool,
+    /// Do not preload Intel OpenMP (libiomp5).
+    #[arg(long)]
+    disable_iomp: bool,
+    /// One instance per NUMA node unless counts are given.
+    #[arg(long)]
+    multi_instance: bool,
+    /// 4 cores per instance, as many instances as fit.
+    #[arg(long)]
+    latency_mode: bool,
+    /// One instance per NUMA node with all its cores.
+    #[arg(long)]
+    throughput_mode: bool,
+    /// A folder for one log file per instance.
+    #[arg(long)]
+    log_path: Option<std::path::PathBuf>,
+    /// Print the plan (instances, cores, environment) without running.
+    #[arg(long)]
+    dry_run: bool,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    program: Vec<String>,
+}
+
+impl RunCpuArgs {
+    fn options(self) -> backends::xeon::RunCpuOptions {
+        backends::xeon::RunCpuOptions {
+            ninstances: self.ninstances,
+            ncores_per_instance: self.ncores_per_instance,
+            node_id: self.node_id,
+            use_logical_core: self.use_logical_core,
+            disable_numactl: self.disable_numactl,
+            enable_jemalloc: self.enable_jemalloc,
+            enable_tcmalloc: self.enable_tcmalloc,
+            use_default_allocator: self.use_default_allocator,
+            disable_iomp: self.disable_iomp,
+            multi_instance: self.multi_instance,
+            latency_mode: self.latency_mode,
+            throughput_mode: self.throughput_mode,
+            log_path: self.log_path,
+            dry_run: self.dry_run,
+            program: self.program,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -194,6 +269,15 @@ fn main() -> ExitCode {
                 device,
                 sm,
             })
+        }
+        Some(Command::RunCpu(args)) => {
+            return match backends::xeon::run_cpu(&args.options()) {
+                Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                Err(err) => {
+                    eprintln!("backends run-cpu: {err}");
+                    ExitCode::FAILURE
+                }
+            };
         }
         Some(Command::Info { json: true }) => format!("{:#}\n", backends::info::report()),
         Some(Command::Info { json: false }) => {

@@ -1,5 +1,5 @@
-//! `torch.backends.cuda`: CUDA queries, matmul precision, library preferences and the
-//! SDPA backend switches.
+//! `torch.backends.cuda`: CUDA queries, matmul precision, library preferences, the FFT
+//! plan caches and the SDPA backend switches.
 //!
 //! The driver is reached through cudarc's dynamically loaded driver API: nothing links
 //! against CUDA, so the crate builds and runs on machines without it, where the queries
@@ -30,6 +30,12 @@ use crate::flag::{EnvInit, Flag, option_enum};
 /// NVRTC to compile the embedded kernel source at run time (see [`crate::kernels::cuda_code`]).
 pub fn is_built() -> bool {
     crate::kernels::cuda_code() != crate::kernels::CudaCode::None
+}
+
+/// The FFT plan cache of CUDA device `index` (`torch.backends.cuda.cufft_plan_cache[i]`):
+/// `size`, `max_size` / `set_max_size`, `clear`. See [`crate::fft`].
+pub fn cufft_plan_cache(index: usize) -> &'static crate::fft::PlanCache {
+    crate::fft::plan_cache(crate::Device::Cuda(index))
 }
 
 /// Whether CUDA can run here now: the driver loads and reports at least one device.

@@ -1,7 +1,15 @@
-//! `torch.backends.xeon`: the CPU topology that the `run_cpu` launcher binds instances to.
+//! `torch.backends.xeon`: the CPU topology, and the `run_cpu` launcher that binds program
+//! instances to it.
 //!
 //! The topology is read from the OS (Linux sysfs); where it cannot be read, every logical
 //! CPU counts as its own core on socket 0, NUMA node 0.
+
+mod run_cpu;
+
+pub use run_cpu::{
+    Instance, LaunchPlan, RunCpuOptions, find_library, find_numactl, launch, library_dirs, plan,
+    run_cpu,
+};
 
 use std::path::Path;
 

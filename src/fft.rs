@@ -1,0 +1,537 @@
+//! Discrete Fourier transforms (`torch.fft`'s `fft`, `ifft`, `rfft`, `irfft`, `fft2`,
+//! `ifft2`) over the last dimension (two for the 2-D forms), with their plans kept in the
+//! per-device LRU [`PlanCache`] of `torch.backends.cuda.cufft_plan_cache`.
+//!
+//! Complex tensors are stored as PyTorch's `view_as_real` shows them: a trailing dimension
+//! of 2 holding the real and imaginary parts. Results have the input's dtype; the
+//! arithmetic runs in f64. Normalisation is PyTorch's default ("backward"): the inverse
+//! transforms divide by the length.
+//!
+//! The CPU kernel is an iterative radix-2 FFT for powers of two and Bluestein's chirp-z
+//! algorithm (through a power-of-two FFT) for every other length. Tensors have no CUDA
+//! storage yet, so cuFFT has nothing to run on; the cache of each CUDA device exists and
+//! keeps its semantics for when it does.
+
+use std::collections::HashMap;
+use std::f64::consts::PI;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// A complex number (real, imaginary).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct C(f64, f64);
+
+impl C {
+    fn mul(self, o: C) -> C {
+        C(self.0 * o.0 - self.1 * o.1, self.0 * o.1 + self.1 * o.0)
+    }
+    fn add(self, o: C) -> C {
+        C(self.0 + o.0, self.1 + o.1)
+    }
+    fn sub(self, o: C) -> C {
+        C(self.0 - o.0, self.1 - o.1)
+    }
+    fn conj(self) -> C {
+        C(self.0, -self.1)
+    }
+    fn unit(angle: f64) -> C {
+        C(angle.cos(), angle.sin())
+    }
+}
+
+/// A power-of-two forward FFT: twiddles and the bit-reversal permutation.
+struct Radix2 {
+    twiddles: Vec<C>,
+    reversed: Vec<usize>,
+}
+
+impl Radix2 {
+    fn new(n: usize) -> Radix2 {
+        let bits = n.trailing_zeros();
+        let reversed = (0..n)
+            .map(|i| {
+                if n == 1 {
+                    0
+                } else {
+                    i.reverse_bits() >> (usize::BITS - bits)
+                }
+            })
+            .collect();
+        let twiddles = (0..n / 2)
+            .map(|j| C::unit(-2.0 * PI * j as f64 / n as f64))
+            .collect();
+        Radix2 { twiddles, reversed }
+    }
+
+    fn run(&self, x: &mut [C]) {
+        let n = x.len();
+        for i in 0..n {
+            let j = self.reversed[i];
+            if i < j {
+                x.swap(i, j);
+            }
+        }
+        let mut len = 2;
+        while len <= n {
+            let step = n / len;
+            for start in (0..n).step_by(len) {
+                for k in 0..len / 2 {
+                    let w = self.twiddles[k * step];
+                    let (a, b) = (x[start + k], x[start + k + len / 2].mul(w));
+                    x[start + k] = a.add(b);
+                    x[start + k + len / 2] = a.sub(b);
+                }
+            }
+            len *= 2;
+        }
+    }
+}
+
+/// A forward transform of one length.
+enum Kernel {
+    Radix2(Radix2),
+    /// Bluestein: the chirp, the padded power-of-two FFT and the transformed filter.
+    Bluestein {
+        chirp: Vec<C>,
+        inner: Radix2,
+        filter: Vec<C>,
+    },
+}
+
+/// A planned transform of length `n` (the forward kernel; inverses conjugate around it).
+pub struct FftPlan {
+    n: usize,
+    kernel: Kernel,
+}
+
+impl FftPlan {
+    fn new(n: usize) -> FftPlan {
+        if n.is_power_of_two() {
+            return FftPlan {
+                n,
+                kernel: Kernel::Radix2(Radix2::new(n)),
+            };
+        }
+        let m = (2 * n - 1).next_power_of_two();
+        // w_k = e^{-iπ k²/n}, with k² taken mod 2n to keep the angle small.
+        let chirp: Vec<C> = (0..n)
+            .map(|k| C::unit(-PI * ((k * k) % (2 * n)) as f64 / n as f64))
+            .collect();
+        let inner = Radix2::new(m);
+        let mut filter = vec![C::default(); m];
+        filter[0] = chirp[0].conj();
+        for k in 1..n {
+            filter[k] = chirp[k].conj();
+            filter[m - k] = chirp[k].conj();
+        }
+        inner.run(&mut filter);
+        FftPlan {
+            n,
+            kernel: Kernel::Bluestein {
+                chirp,
+                inner,
+                filter,
+            },
+        }
+    }
+
+    /// The transform's length.
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    /// Whether the length is 0.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The forward DFT of `x` in place (`x.len() == n`).
+    fn forward(&self, x: &mut [C]) {
+        match &self.kernel {
+            Kernel::Radix2(r) => r.run(x),
+            Kernel::Bluestein {
+                chirp,
+                inner,
+                filter,
+            } => {
+                let m = filter.len();
+                let mut a = vec![C::default(); m];
+                for k in 0..self.n {
+                    a[k] = x[k].mul(chirp[k]);
+                }
+                inner.run(&mut a);
+                for (v, f) in a.iter_mut().zip(filter) {
+                    *v = v.mul(*f).conj();
+                }
+                // The inverse FFT as conj(FFT(conj(·))) / m.
+                inner.run(&mut a);
+                for k in 0..self.n {
+                    x[k] = a[k].conj().mul(chirp[k]);
+                    x[k] = C(x[k].0 / m as f64, x[k].1 / m as f64);
+                }
+            }
+        }
+    }
+
+    /// The DFT (or with `inverse`, the inverse DFT divided by n) of `x` in place.
+    fn apply(&self, x: &mut [C], inverse: bool) {
+        if !inverse {
+            return self.forward(x);
+        }
+        x.iter_mut().for_each(|v| *v = v.conj());
+        self.forward(x);
+        let n = self.n as f64;
+        x.iter_mut().for_each(|v| *v = C(v.0 / n, -v.1 / n));
+    }
+}
+
+/// What a transform is: its direction and whether one side is real.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// Complex to complex, forward.
+    Forward,
+    /// Complex to complex, inverse.
+    Inverse,
+    /// Real to half-spectrum.
+    RealForward,
+    /// Half-spectrum to real.
+    RealInverse,
+}
+
+/// Everything that shapes a plan, as cuFFT plans are keyed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    /// The signal sizes (one per transformed dimension).
+    pub sizes: Vec<usize>,
+    /// How many signals one call transforms.
+    pub batch: usize,
+    /// The element type.
+    pub dtype: DType,
+    /// The direction.
+    pub direction: Direction,
+    /// The input's strides.
+    pub strides: Vec<usize>,
+}
+
+/// The default capacity of a plan cache (PyTorch's).
+pub const DEFAULT_MAX_SIZE: usize = 4096;
+
+/// The plans of one key: one per transformed dimension.
+type Plans = Arc<Vec<Arc<FftPlan>>>;
+
+struct CacheState {
+    max_size: usize,
+    tick: u64,
+    /// Each key's plans and the tick of their last use.
+    plans: HashMap<PlanKey, (Plans, u64)>,
+}
+
+/// A thread-safe LRU cache of FFT plans for one device.
+pub struct PlanCache {
+    state: Mutex<CacheState>,
+}
+
+impl Default for PlanCache {
+    fn default() -> Self {
+        PlanCache::new()
+    }
+}
+
+impl PlanCache {
+    /// An empty cache holding at most [`DEFAULT_MAX_SIZE`] plans.
+    pub fn new() -> PlanCache {
+        PlanCache {
+            state: Mutex::new(CacheState {
+                max_size: DEFAULT_MAX_SIZE,
+                tick: 0,
+                plans: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CacheState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many plans it holds.
+    pub fn size(&self) -> usize {
+        self.lock().plans.len()
+    }
+
+    /// The most plans it holds.
+    pub fn max_size(&self) -> usize {
+        self.lock().max_size
+    }
+
+    /// Sets the capacity; lowering it below [`PlanCache::size`] evicts the least recently
+    /// used plans at once.
+    pub fn set_max_size(&self, max_size: usize) {
+        let mut state = self.lock();
+        state.max_size = max_size;
+        evict(&mut state);
+    }
+
+    /// Drops every plan.
+    pub fn clear(&self) {
+        self.lock().plans.clear();
+    }
+
+    /// Whether a plan for `key` is cached (without touching its recency).
+    pub fn contains(&self, key: &PlanKey) -> bool {
+        self.lock().plans.contains_key(key)
+    }
+
+    /// The plans for `key` (one per transformed dimension), built by `make` on a miss.
+    fn get(
+        &self,
+        key: PlanKey,
+        make: impl FnOnce() -> Vec<Arc<FftPlan>>,
+    ) -> Arc<Vec<Arc<FftPlan>>> {
+        {
+            let mut state = self.lock();
+            state.tick += 1;
+            let tick = state.tick;
+            if let Some((plans, used)) = state.plans.get_mut(&key) {
+                *used = tick;
+                return plans.clone();
+            }
+        }
+        // Built outside the lock: other threads keep using the cache meanwhile.
+        let plans = Arc::new(make());
+        let mut state = self.lock();
+        if state.max_size > 0 {
+            let tick = state.tick;
+            state.plans.insert(key, (plans.clone(), tick));
+            evict(&mut state);
+        }
+        plans
+    }
+}
+
+fn evict(state: &mut CacheState) {
+    while state.plans.len() > state.max_size {
+        let oldest = state
+            .plans
+            .iter()
+            .min_by_key(|(_, (_, used))| *used)
+            .map(|(k, _)| k.clone())
+            .expect("a cache over capacity has an entry");
+        state.plans.remove(&oldest);
+    }
+}
+
+/// The plan cache of `device` (one per device, created on first use).
+pub fn plan_cache(device: Device) -> &'static PlanCache {
+    static CACHES: LazyLock<Mutex<HashMap<Device, &'static PlanCache>>> =
+        LazyLock::new(Default::default);
+    let mut caches = CACHES.lock().unwrap_or_else(|p| p.into_inner());
+    caches
+        .entry(device)
+        .or_insert_with(|| Box::leak(Box::new(PlanCache::new())))
+}
+
+fn fft_error(op: &'static str, detail: String) -> Error {
+    Error::ShapeMismatch { op, detail }
+}
+
+/// Complex values of a `[..., 2]` tensor.
+fn complex_values(op: &'static str, x: &Tensor, dims: usize) -> Result<Vec<C>> {
+    let s = x.shape();
+    if s.len() < dims + 1 || s[s.len() - 1] != 2 {
+        return Err(fft_error(
+            op,
+            format!(
+                "expected a complex tensor stored as [..., {}2] (real and imaginary parts last); got {s:?}",
+                "n, ".repeat(dims)
+            ),
+        ));
+    }
+    float(op, x)?;
+    Ok(x.to_f64()?.chunks(2).map(|p| C(p[0], p[1])).collect())
+}
+
+fn float(op: &'static str, x: &Tensor) -> Result<()> {
+    if x.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: x.dtype(),
+        })
+    }
+}
+
+fn cpu_only(op: &'static str, x: &Tensor) -> Result<()> {
+    match x.device() {
+        Device::Cpu => Ok(()),
+        other => Err(Error::Unavailable {
+            what: op,
+            why: format!("FFTs run on the CPU; move the tensor there first ({other} given)"),
+        }),
+    }
+}
+
+fn to_tensor(values: &[C], shape: &[usize], like: &Tensor) -> Result<Tensor> {
+    let flat: Vec<f64> = values.iter().flat_map(|c| [c.0, c.1]).collect();
+    Tensor::from_f64(&flat, shape, like.dtype(), like.device())
+}
+
+/// Transforms every length-`plan.len()` line along `axis` of `data` (complex, `shape`).
+fn along(data: &mut [C], shape: &[usize], axis: usize, plan: &FftPlan, inverse: bool) {
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    let mut line = vec![C::default(); n];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| (o * n + k) * inner + i;
+            for (k, v) in line.iter_mut().enumerate() {
+                *v = data[at(k)];
+            }
+            plan.apply(&mut line, inverse);
+            for (k, v) in line.iter().enumerate() {
+                data[at(k)] = *v;
+            }
+        }
+    }
+}
+
+/// Transforms the last `dims` dimensions of complex `values` of complex shape `shape`.
+fn transform(
+    x: &Tensor,
+    values: &mut [C],
+    shape: &[usize],
+    dims: usize,
+    direction: Direction,
+) -> Result<()> {
+    let sizes = shape[shape.len() - dims..].to_vec();
+    if sizes.contains(&0) {
+        return Ok(());
+    }
+    let key = PlanKey {
+        batch: shape[..shape.len() - dims].iter().product(),
+        sizes: sizes.clone(),
+        dtype: x.dtype(),
+        direction,
+        strides: x.strides().to_vec(),
+    };
+    let plans = plan_cache(x.device()).get(key, || {
+        crate::verbose::creation_event(|| format!("fft plan {sizes:?} {direction:?}"));
+        sizes.iter().map(|&n| Arc::new(FftPlan::new(n))).collect()
+    });
+    let inverse = matches!(direction, Direction::Inverse | Direction::RealInverse);
+    for (d, plan) in plans.iter().enumerate() {
+        along(values, shape, shape.len() - dims + d, plan, inverse);
+    }
+    Ok(())
+}
+
+fn complex(op: &'static str, x: &Tensor, dims: usize, direction: Direction) -> Result<Tensor> {
+    cpu_only(op, x)?;
+    let mut values = complex_values(op, x, dims)?;
+    let shape = &x.shape()[..x.shape().len() - 1];
+    transform(x, &mut values, shape, dims, direction)?;
+    to_tensor(&values, x.shape(), x)
+}
+
+/// The DFT over the last dimension of a complex `[..., n, 2]` tensor.
+pub fn fft(x: &Tensor) -> Result<Tensor> {
+    complex("fft", x, 1, Direction::Forward)
+}
+
+/// The inverse DFT (divided by n) over the last dimension of a complex `[..., n, 2]` tensor.
+pub fn ifft(x: &Tensor) -> Result<Tensor> {
+    complex("ifft", x, 1, Direction::Inverse)
+}
+
+/// The 2-D DFT over the last two dimensions of a complex `[..., h, w, 2]` tensor.
+pub fn fft2(x: &Tensor) -> Result<Tensor> {
+    complex("fft2", x, 2, Direction::Forward)
+}
+
+/// The inverse 2-D DFT (divided by h·w) of a complex `[..., h, w, 2]` tensor.
+pub fn ifft2(x: &Tensor) -> Result<Tensor> {
+    complex("ifft2", x, 2, Direction::Inverse)
+}
+
+/// The DFT of a real `[..., n]` tensor: its first `n / 2 + 1` coefficients as a complex
+/// `[..., n / 2 + 1, 2]` tensor (the rest follow by symmetry).
+pub fn rfft(x: &Tensor) -> Result<Tensor> {
+    cpu_only("rfft", x)?;
+    float("rfft", x)?;
+    let Some(&n) = x.shape().last() else {
+        return Err(fft_error(
+            "rfft",
+            "a 0-D tensor has no dimension to transform".into(),
+        ));
+    };
+    let mut values: Vec<C> = x.to_f64()?.into_iter().map(|r| C(r, 0.0)).collect();
+    transform(x, &mut values, x.shape(), 1, Direction::RealForward)?;
+    let half = n / 2 + 1;
+    let kept: Vec<C> = values
+        .chunks(n.max(1))
+        .flat_map(|line| line[..half.min(line.len())].to_vec())
+        .collect();
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank checked") = if n == 0 { 0 } else { half };
+    shape.push(2);
+    to_tensor(&kept, &shape, x)
+}
+
+/// The real signal of length `n` (default `2 (m - 1)`) whose DFT starts with the complex
+/// `[..., m, 2]` half-spectrum `x`, as a real `[..., n]` tensor (divided by n).
+pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
+    cpu_only("irfft", x)?;
+    let values = complex_values("irfft", x, 1)?;
+    let shape = &x.shape()[..x.shape().len() - 1];
+    let m = *shape.last().expect("rank checked");
+    let n = n.unwrap_or(2 * m.saturating_sub(1));
+    if n == 0 {
+        return Err(fft_error(
+            "irfft",
+            format!("the output length is 0 (half-spectrum of {m}); pass n ≥ 1"),
+        ));
+    }
+    let lines = values.len() / m.max(1);
+    let mut full = vec![C::default(); lines * n];
+    for (line, spectrum) in full.chunks_mut(n).zip(values.chunks(m.max(1))) {
+        for (k, slot) in line.iter_mut().enumerate() {
+            // Hermitian: X[n - k] = conj(X[k]); coefficients past the half-spectrum are 0.
+            let (source, mirrored) = if k <= n / 2 {
+                (k, false)
+            } else {
+                (n - k, true)
+            };
+            let v = spectrum.get(source).copied().unwrap_or_default();
+            *slot = if mirrored { v.conj() } else { v };
+        }
+        // The imaginary parts of X[0] and (even n) X[n/2] do not take part, as in PyTorch.
+        line[0].1 = 0.0;
+        if n.is_multiple_of(2) {
+            line[n / 2].1 = 0.0;
+        }
+    }
+    let mut out_shape = shape.to_vec();
+    *out_shape.last_mut().expect("rank checked") = n;
+    transform(x, &mut full, &out_shape, 1, Direction::RealInverse)?;
+    let real: Vec<f64> = full.iter().map(|c| c.0).collect();
+    Tensor::from_f64(&real, &out_shape, x.dtype(), x.device())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_point_and_two_point_transforms() {
+        for n in [1, 2, 3] {
+            let plan = FftPlan::new(n);
+            let mut x: Vec<C> = (0..n).map(|i| C(i as f64 + 1.0, 0.0)).collect();
+            plan.apply(&mut x, false);
+            let sum: f64 = (1..=n).map(|i| i as f64).sum();
+            assert!((x[0].0 - sum).abs() < 1e-12 && x[0].1.abs() < 1e-12);
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! FFTs against a direct float64 DFT, round trips, and the per-device LRU plan cache
+//! (size, eviction, clear, concurrent use). The cache is process-wide, so every test here
+//! takes one lock.
+
+mod common;
+
+use std::sync::Mutex;
+
+use backends::fft::{self, Direction, PlanCache, PlanKey, plan_cache};
+use backends::{DType, Device, Error, Tensor};
+use common::{random, rel_err};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The direct DFT of each length-n line of interleaved complex `x`.
+fn dft(x: &[f64], n: usize, inverse: bool) -> Vec<f64> {
+    let sign = if inverse { 1.0 } else { -1.0 };
+    let mut out = Vec::with_capacity(x.len());
+    for line in x.chunks(2 * n) {
+        for k in 0..n {
+            let (mut re, mut im) = (0.0, 0.0);
+            for j in 0..n {
+                let a = sign * 2.0 * std::f64::consts::PI * ((j * k) % n) as f64 / n as f64;
+                let (c, s) = (a.cos(), a.sin());
+                re += line[2 * j] * c - line[2 * j + 1] * s;
+                im += line[2 * j] * s + line[2 * j + 1] * c;
+            }
+            let scale = if inverse { n as f64 } else { 1.0 };
+            out.extend([re / scale, im / scale]);
+        }
+    }
+    out
+}
+
+fn tensor(values: &[f64], shape: &[usize]) -> Tensor {
+    Tensor::from_f64(values, shape, DType::F64, Device::Cpu).unwrap()
+}
+
+const LENGTHS: &[usize] = &[1, 2, 3, 7, 8, 12, 17, 64, 100, 128, 1000];
+
+#[test]
+fn fft_and_ifft_match_the_direct_dft() {
+    let _s = serial();
+    for &n in LENGTHS {
+        let x = random(3 * n * 2);
+        let t = tensor(&x, &[3, n, 2]);
+        let forward = fft::fft(&t).unwrap();
+        assert_eq!(forward.shape(), &[3, n, 2]);
+        let err = rel_err(&forward.to_f64().unwrap(), &dft(&x, n, false));
+        assert!(err < 1e-12, "fft n={n}: {err:e}");
+        let inverse = fft::ifft(&t).unwrap().to_f64().unwrap();
+        let err = rel_err(&inverse, &dft(&x, n, true));
+        assert!(err < 1e-12, "ifft n={n}: {err:e}");
+        let back = fft::ifft(&forward).unwrap().to_f64().unwrap();
+        assert!(rel_err(&back, &x) < 1e-12, "round trip n={n}");
+    }
+}
+
+#[test]
+fn f32_inputs_are_transformed_to_f32_precision() {
+    let _s = serial();
+    let x = random(2 * 333 * 2);
+    let t = Tensor::from_f64(&x, &[2, 333, 2], DType::F32, Device::Cpu).unwrap();
+    let rounded = t.to_f64().unwrap();
+    let out = fft::fft(&t).unwrap();
+    assert_eq!(out.dtype(), DType::F32);
+    assert!(rel_err(&out.to_f64().unwrap(), &dft(&rounded, 333, false)) < 1e-6);
+}
+
+#[test]
+fn rfft_and_irfft_match_the_direct_dft() {
+    let _s = serial();
+    for &n in LENGTHS {
+        let real = random(2 * n);
+        let t = tensor(&real, &[2, n]);
+        let half = fft::rfft(&t).unwrap();
+        assert_eq!(half.shape(), &[2, n / 2 + 1, 2]);
+        let as_complex: Vec<f64> = real.iter().flat_map(|&r| [r, 0.0]).collect();
+        let full = dft(&as_complex, n, false);
+        let expected: Vec<f64> = full
+            .chunks(2 * n)
+            .flat_map(|line| line[..2 * (n / 2 + 1)].to_vec())
+            .collect();
+        assert!(
+            rel_err(&half.to_f64().unwrap(), &expected) < 1e-12,
+            "rfft n={n}"
+        );
+        let back = fft::irfft(&half, Some(n)).unwrap();
+        assert_eq!(back.shape(), &[2, n]);
+        assert!(
+            rel_err(&back.to_f64().unwrap(), &real) < 1e-12,
+            "irfft n={n}"
+        );
+    }
+}
+
+#[test]
+fn fft2_matches_row_then_column_dfts() {
+    let _s = serial();
+    let (h, w) = (6, 10);
+    let x = random(h * w * 2);
+    let out = fft::fft2(&tensor(&x, &[h, w, 2]))
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    let rows = dft(&x, w, false);
+    // Columns: transpose, transform, transpose back.
+    let mut cols = vec![0.0; rows.len()];
+    for i in 0..h {
+        for j in 0..w {
+            cols[2 * (j * h + i)..2 * (j * h + i) + 2]
+                .copy_from_slice(&rows[2 * (i * w + j)..2 * (i * w + j) + 2]);
+        }
+    }
+    let cols = dft(&cols, h, false);
+    let mut expected = vec![0.0; rows.len()];
+    for i in 0..h {
+        for j in 0..w {
+            expected[2 * (i * w + j)..2 * (i * w + j) + 2]
+                .copy_from_slice(&cols[2 * (j * h + i)..2 * (j * h + i) + 2]);
+        }
+    }
+    assert!(rel_err(&out, &expected) < 1e-12);
+    let back = fft::ifft2(&tensor(&out, &[h, w, 2]))
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    assert!(rel_err(&back, &x) < 1e-12);
+}
+
+#[test]
+fn the_entry_points_fill_the_cpu_cache_and_reuse_its_plans() {
+    let _s = serial();
+    let cache = plan_cache(Device::Cpu);
+    cache.clear();
+    assert_eq!(cache.size(), 0);
+    let t = tensor(&random(48 * 2), &[48, 2]);
+    fft::fft(&t).unwrap();
+    assert_eq!(cache.size(), 1);
+    fft::fft(&t).unwrap();
+    assert_eq!(cache.size(), 1, "the same key reuses its plan");
+    fft::ifft(&t).unwrap();
+    assert_eq!(cache.size(), 2, "the direction is part of the key");
+    let key = PlanKey {
+        sizes: vec![48],
+        batch: 1,
+        dtype: DType::F64,
+        direction: Direction::Forward,
+        strides: t.strides().to_vec(),
+    };
+    assert!(cache.contains(&key));
+    assert_eq!(
+        backends::cuda::cufft_plan_cache(0).max_size(),
+        fft::DEFAULT_MAX_SIZE
+    );
+    assert!(
+        !std::ptr::eq(cache, backends::cuda::cufft_plan_cache(0)),
+        "one cache per device"
+    );
+    cache.clear();
+    assert_eq!(cache.size(), 0);
+}
+
+#[test]
+fn lowering_max_size_evicts_the_least_recently_used_at_once() {
+    let _s = serial();
+    let cache = plan_cache(Device::Cpu);
+    cache.clear();
+    let signal = |n: usize| tensor(&random(n * 2), &[n, 2]);
+    let key = |n: usize| PlanKey {
+        sizes: vec![n],
+        batch: 1,
+        dtype: DType::F64,
+        direction: Direction::Forward,
+        strides: vec![2, 1],
+    };
+    for n in [5, 6, 7] {
+        fft::fft(&signal(n)).unwrap();
+    }
+    fft::fft(&signal(5)).unwrap(); // 5 is now the most recent; 6 the least
+    cache.set_max_size(2);
+    assert_eq!((cache.size(), cache.max_size()), (2, 2));
+    assert!(!cache.contains(&key(6)) && cache.contains(&key(5)) && cache.contains(&key(7)));
+    fft::fft(&signal(9)).unwrap();
+    assert!(
+        !cache.contains(&key(7)),
+        "inserting past capacity evicts the oldest"
+    );
+    cache.set_max_size(0);
+    fft::fft(&signal(11)).unwrap();
+    assert_eq!(
+        cache.size(),
+        0,
+        "a zero-size cache keeps nothing, and FFTs still run"
+    );
+    cache.set_max_size(fft::DEFAULT_MAX_SIZE);
+}
+
+#[test]
+fn many_threads_share_one_cache() {
+    let _s = serial();
+    let global = plan_cache(Device::Cpu);
+    global.clear();
+    std::thread::scope(|scope| {
+        for thread in 0..8 {
+            scope.spawn(move || {
+                for round in 0..20 {
+                    let n = 3 + (thread + round) % 6;
+                    let x = random(n * 2);
+                    let out = fft::fft(&tensor(&x, &[n, 2])).unwrap().to_f64().unwrap();
+                    assert!(rel_err(&out, &dft(&x, n, false)) < 1e-12);
+                }
+            });
+        }
+    });
+    assert_eq!(global.size(), 6, "one plan per distinct length");
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let _s = serial();
+    let not_complex = tensor(&random(6), &[2, 3]);
+    let err = fft::fft(&not_complex).unwrap_err();
+    assert_eq!(PlanCache::new().max_size(), fft::DEFAULT_MAX_SIZE);
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("[..., n, 2]"), "{err}");
+    let mask = Tensor::from_bools(&[true, false, true, false], &[2, 2], Device::Cpu).unwrap();
+    assert!(matches!(fft::fft(&mask), Err(Error::DTypeMismatch { .. })));
+    let one = tensor(&[1.0, 0.0], &[1, 2]);
+    assert!(fft::irfft(&one, None).is_err(), "output length 0");
+    if let Some(device) = common::adapter() {
+        let gpu = Tensor::from_f64(&random(8), &[4, 2], DType::F32, device).unwrap();
+        assert!(matches!(fft::fft(&gpu), Err(Error::Unavailable { .. })));
+    }
+}
