@@ -1,24 +1,37 @@
 #!/usr/bin/env bash
-# Side by side on this machine, in one run: our CPU f32 GEMM against numpy/OpenBLAS with the
-# same thread count, medians of several runs, and the ratio (ours / theirs).
-# Installs numpy into .venv/ (PyPI) on first use. Usage: scripts/compare.sh [sizes...]
+# Side by side on this machine, in one run, with the same thread count and medians of
+# several runs: our CPU f32 GEMM against numpy/OpenBLAS, our CPU f32 attention against
+# PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
+# fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs).
+#
+# Installs numpy (and, for the attention rows, torch: a large download) into .venv/ from
+# PyPI on first use; where torch cannot be installed, its rows say so.
+# Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048)
+#        GEMM_SIZES="1024" SDPA_LENGTHS="1024" scripts/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-sizes=("${@:-1024 2048 4096}")
-sizes=(${sizes[*]})
+read -r -a gemm_sizes <<< "${GEMM_SIZES:-1024 2048 4096}"
+read -r -a sdpa_lengths <<< "${SDPA_LENGTHS:-512 1024 2048}"
 threads="${OMP_NUM_THREADS:-$(nproc)}"
+export OMP_NUM_THREADS="$threads"
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
-  .venv/bin/pip install -q --disable-pip-version-check numpy threadpoolctl
 fi
-cargo build -q --release --example gemm_speed
+.venv/bin/python -c "import numpy, threadpoolctl" 2>/dev/null \
+  || .venv/bin/pip install -q --disable-pip-version-check numpy threadpoolctl
+have_torch=yes
+.venv/bin/python -c "import torch" 2>/dev/null \
+  || .venv/bin/pip install -q --disable-pip-version-check torch \
+  || have_torch=no
+cargo build -q --release --example gemm_speed --example sdpa_speed --example fma_peak
 
-ours=$(OMP_NUM_THREADS="$threads" target/release/examples/gemm_speed "${sizes[@]}")
+peak=$(target/release/examples/fma_peak | awk '{print $4}')
+ours_gemm=$(target/release/examples/gemm_speed "${gemm_sizes[@]}")
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE slow a current OpenBLAS down: unset for this command only.
-theirs=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" \
-  .venv/bin/python - "${sizes[@]}" <<'PY'
+theirs_gemm=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
+  .venv/bin/python - "${gemm_sizes[@]}" <<'PY'
 import sys, time
 import numpy as np
 from threadpoolctl import threadpool_info
@@ -33,14 +46,58 @@ for n in map(int, sys.argv[1:]):
     times.sort()
     print(f"f32 {n:5}: {2 * n**3 / times[runs // 2] / 1e9:8.1f} GFLOP/s")
 info = [i for i in threadpool_info() if i["internal_api"] == "openblas"]
-print("# " + ", ".join(f"{i['internal_api']} {i.get('version')} {i.get('architecture')} x{i['num_threads']}" for i in info))
+print("# " + ", ".join(f"openblas {i.get('version')} {i.get('architecture')} x{i['num_threads']}" for i in info))
 PY
 )
-echo "f32 GEMM, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "peer: $(echo "$theirs" | grep '^#' | cut -c3-)"
-printf "%6s %14s %14s %8s\n" n "ours GFLOP/s" "numpy GFLOP/s" ratio
-for n in "${sizes[@]}"; do
-  o=$(echo "$ours" | awk -v n="$n" '$2 == n":" {print $3}')
-  t=$(echo "$theirs" | awk -v n="$n" '$2 == n":" {print $3}')
-  printf "%6s %14s %14s %8.2f\n" "$n" "$o" "$t" "$(echo "$o / $t" | bc -l)"
+ours_sdpa=$(target/release/examples/sdpa_speed "${sdpa_lengths[@]}")
+theirs_sdpa=""
+if [ "$have_torch" = yes ]; then
+  theirs_sdpa=$(.venv/bin/python - "$threads" "${sdpa_lengths[@]}" <<'PY'
+import sys, time
+import torch
+import torch.nn.functional as F
+torch.set_num_threads(int(sys.argv[1]))
+for d in (64, 128):
+    for causal in (False, True):
+        for l in map(int, sys.argv[2:]):
+            q, k, v = (torch.rand(2, 16, l, d) * 2 - 1 for _ in range(3))
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
+            print(f"f32 d{d} L{l} causal={'true' if causal else 'false'}: {flops / times[2] / 1e12:.3f} TFLOP/s")
+print(f"# torch {torch.__version__}")
+PY
+)
+fi
+
+echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "measured fp32 FMA peak: $peak GFLOP/s"
+echo "peers: $(echo "$theirs_gemm" | grep '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep '^#' | cut -c3-)}"
+echo
+printf "%-28s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
+row() { # name ours theirs unit-scale (GFLOP/s per unit)
+  local o="$2" t="$3" s="$4"
+  if [ -z "$t" ]; then
+    printf "%-28s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
+  else
+    printf "%-28s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
+      "$(echo "$o * $s / $peak" | bc -l)" "$(echo "$t * $s / $peak" | bc -l)"
+  fi
+}
+for n in "${gemm_sizes[@]}"; do
+  o=$(echo "$ours_gemm" | awk -v n="$n" '$2 == n":" {print $3}')
+  t=$(echo "$theirs_gemm" | awk -v n="$n" '$2 == n":" {print $3}')
+  row "GEMM f32 n=$n (GFLOP/s)" "$o" "$t" 1
 done
+while read -r line; do
+  key=${line%%:*}
+  o=$(echo "$line" | awk '{print $(NF-1)}')
+  t=$(echo "$theirs_sdpa" | grep -F "$key:" | awk '{print $(NF-1)}' || true)
+  row "SDPA ${key#f32 } (TFLOP/s)" "$o" "$t" 1000
+done <<< "$ours_sdpa"
+[ "$have_torch" = yes ] || echo "(torch could not be installed here: the attention rows have no peer)"

@@ -1,0 +1,52 @@
+//! FFT throughput on the CPU: complex transforms of powers of two (radix-2) and of other
+//! lengths (Bluestein), real transforms, and a 2-D transform; the kernel is in the name.
+//! Throughput is in samples per second (criterion's "elem/s"); 5·n·log2(n) FLOPs per
+//! complex transform of length n is the usual conversion.
+//!
+//! `cargo bench --bench fft` (add `-- --quick` for a short run).
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+
+use backends::{DType, Device, Tensor, fft};
+
+fn signal(shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f64 / 500.0 - 1.0)
+        .collect();
+    Tensor::from_f64(&values, shape, DType::F32, Device::Cpu).expect("a CPU tensor")
+}
+
+fn fft_benches(c: &mut Criterion) {
+    let batch = 16;
+    for (kernel, sizes) in [
+        ("radix2", [256, 4096, 65536]),
+        ("bluestein", [250, 4000, 60000]),
+    ] {
+        let mut group = c.benchmark_group(format!("fft/cpu/f32/c2c/{kernel}"));
+        group.sample_size(10);
+        for n in sizes {
+            let x = signal(&[batch, n, 2]);
+            group.throughput(Throughput::Elements((batch * n) as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+                b.iter(|| fft::fft(&x).unwrap())
+            });
+        }
+        group.finish();
+    }
+    let mut group = c.benchmark_group("fft/cpu/f32/r2c/radix2");
+    group.sample_size(10);
+    let x = signal(&[batch, 4096]);
+    group.throughput(Throughput::Elements((batch * 4096) as u64));
+    group.bench_function("4096", |b| b.iter(|| fft::rfft(&x).unwrap()));
+    group.finish();
+    let mut group = c.benchmark_group("fft/cpu/f32/c2c-2d/radix2");
+    group.sample_size(10);
+    let x = signal(&[256, 256, 2]);
+    group.throughput(Throughput::Elements(256 * 256));
+    group.bench_function("256x256", |b| b.iter(|| fft::fft2(&x).unwrap()));
+    group.finish();
+}
+
+criterion_group!(benches, fft_benches);
+criterion_main!(benches);

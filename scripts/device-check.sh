@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# One-shot check on a lent NVIDIA GPU (H200, CUDA 13 driver, PyTorch in python3, no
+# network), in under 8 minutes.
+#
+#   here, with network:  scripts/device-check.sh prepare
+#       vendors every crate (`cargo vendor`, packed into .device/vendor.tar.gz, ~36 MB) and
+#       builds the release `backends` binary and CUDA test binaries into .device/bin as a
+#       fallback for a machine without a Rust toolchain. .device/ is git-ignored.
+#   there:               scripts/device-check.sh run
+#       carry list of the device call: [".device"]
+#       builds offline from the vendored crates when cargo is there (else uses .device/bin),
+#       runs the CUDA tests (every generated module loads and exposes its kernels on the
+#       GPU; PTX assembled for the GPU's arch), the `backends` report and self-checks, then
+#       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient SDPA
+#       forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
+#       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
+#
+# Our CUDA launchers for GEMM and attention are not written yet: until they are, the "ours"
+# column says so and the table gives the PyTorch figures our kernels are to be measured
+# against, with the CUDA tests proving the generated PTX loads on this GPU.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+dev="$root/.device"
+
+prepare() {
+  set -e
+  mkdir -p "$dev/bin"
+  rm -rf "$dev/vendor" "$dev/vendor.tar.gz"
+  cargo vendor -q --versioned-dirs "$dev/vendor" >/dev/null
+  tar -C "$dev" -czf "$dev/vendor.tar.gz" vendor
+  rm -rf "$dev/vendor"
+  cargo build -q --release --bin backends
+  cp target/release/backends "$dev/bin/backends"
+  cargo test -q --release --no-run --test cuda --message-format=json 2>/dev/null \
+    | python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        print(m["executable"])' \
+    | while read -r exe; do cp "$exe" "$dev/bin/test-cuda"; done
+  strip "$dev/bin/"* 2>/dev/null || true
+  du -sh "$dev"/* && du -sh "$dev"
+}
+
+run() {
+  local log="${OUT:-/tmp}/device-check.log"
+  exec > >(tee "$log") 2>&1
+  echo "== device check $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  # NVRTC for run-time compilation: the one PyTorch's wheels bring, if any.
+  local nvrtc
+  nvrtc=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+paths = site.getsitepackages() + [site.getusersitepackages()]
+hits = [p for d in paths for p in glob.glob(os.path.join(d, "nvidia", "**", "libnvrtc.so*"), recursive=True)]
+hits = [h for h in hits if "builtins" not in h]
+print(sorted(hits)[-1] if hits else "")
+PY
+)
+  [ -n "$nvrtc" ] && export BACKENDS_NVRTC_LIB="$nvrtc" && echo "NVRTC: $nvrtc"
+  local backends_bin test_cuda
+  if command -v cargo >/dev/null && [ -f "$dev/vendor.tar.gz" ]; then
+    echo "== building offline from the vendored crates"
+    rm -rf /tmp/backends-vendor && mkdir -p /tmp/backends-vendor
+    tar -C /tmp/backends-vendor -xzf "$dev/vendor.tar.gz"
+    local cfg=(--offline --config 'source.crates-io.replace-with="vendored"'
+      --config 'source.vendored.directory="/tmp/backends-vendor/vendor"')
+    export CARGO_BUILD_JOBS="$(nproc)"
+    if cargo build "${cfg[@]}" -q --release --bin backends \
+      && cargo test "${cfg[@]}" --release --test cuda --test kernels -- --nocapture; then
+      backends_bin=target/release/backends
+    else
+      echo "build or tests failed; falling back to the prebuilt binaries"
+    fi
+  else
+    echo "== no cargo here: using the prebuilt binaries in .device/bin"
+  fi
+  if [ -z "${backends_bin:-}" ]; then
+    backends_bin="$dev/bin/backends"
+    test_cuda="$dev/bin/test-cuda"
+    if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no prebuilt CUDA tests: run prepare"; fi
+  fi
+  echo "== backends (report and self-checks)"
+  [ -x "$backends_bin" ] && "$backends_bin" || echo "backends exited with $?"
+  echo "== PyTorch on this GPU"
+  python3 - <<'PY'
+import time
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+dev = "cuda"
+def timed(fn, reps=20):
+    fn(); torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize(); t0 = time.perf_counter(); fn(); torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+def rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+rows = []
+for dtype, name in [(torch.bfloat16, "bf16"), (torch.float16, "f16"), (torch.float32, "f32 ieee"), (torch.float32, "f32 tf32")]:
+    torch.backends.cuda.matmul.allow_tf32 = name == "f32 tf32"
+    n = 8192
+    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+    t = timed(lambda: a @ b)
+    small = 1024
+    sa, sb = a[:small, :small], b[:small, :small]
+    rows.append((f"GEMM {name} n={n}", 2 * n**3 / t / 1e12, rel(sa @ sb, sa.double() @ sb.double())))
+torch.backends.cuda.matmul.allow_tf32 = False
+
+def reference(q, k, v, causal):
+    qd, kd, vd = q.double(), k.double(), v.double()
+    s = qd @ kd.transpose(-1, -2) / qd.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=dev).triu(1), float("-inf"))
+    return s.softmax(-1) @ vd
+
+for backend, bname in [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "mem-efficient")]:
+    for d in (64, 128):
+        for causal in (False, True):
+            for l in (1024, 4096):
+                q, k, v = (torch.randn(2, 16, l, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+                with sdpa_kernel([backend]):
+                    t = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    out = F.scaled_dot_product_attention(q[:, :2], k[:, :2], v[:, :2], is_causal=causal)
+                flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
+                err = rel(out, reference(q[:, :2], k[:, :2], v[:, :2], causal))
+                rows.append((f"SDPA {bname} bf16 d{d} L{l}{' causal' if causal else ''}", flops / t / 1e12, err))
+
+print()
+print(f"{'work':40} {'ours TFLOP/s':>14} {'torch TFLOP/s':>14} {'ours/torch':>11} {'torch rel.err':>14}")
+for name, tflops, err in rows:
+    print(f"{name:40} {'no launcher':>14} {tflops:14.1f} {'-':>11} {err:14.1e}")
+print(f"\ntorch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
+PY
+  echo "== done $(date -u +%FT%TZ); log: $log"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: scripts/device-check.sh prepare|run (see the top of this script)" >&2; exit 2 ;;
+esac
