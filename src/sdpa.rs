@@ -476,7 +476,6 @@ const BLOCK_N: usize = 64;
 fn fused_block_body(a: BlockArgs) {
     let BlockArgs {
         q,
-        k,
         v,
         rows,
         s,
@@ -485,10 +484,9 @@ fn fused_block_body(a: BlockArgs) {
         bias,
         out,
         lse,
-        scratch,
+        kt,
     } = a;
     let n_rows = rows.len();
-    let kt = &mut scratch[..s.d * BLOCK_N];
     let mut row_max = [f32::NEG_INFINITY; BLOCK_M];
     let mut row_sum = [0f32; BLOCK_M];
     let acc = &mut out[..n_rows * s.dv];
@@ -496,12 +494,7 @@ fn fused_block_body(a: BlockArgs) {
     let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
     for kb in (0..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
-        for x in 0..s.d {
-            let col = &mut kt[x * BLOCK_N..(x + 1) * BLOCK_N];
-            for (c, slot) in col.iter_mut().enumerate() {
-                *slot = if c < keys { k[(kb + c) * s.d + x] } else { 0.0 };
-            }
-        }
+        let kt = key_block(kt, s.d, kb);
         for (r, i) in rows.clone().enumerate() {
             let mut srow = score_row(&q[i * s.d..(i + 1) * s.d], kt, scale);
             let visible = if causal {
@@ -547,17 +540,20 @@ fn fused_block_body(a: BlockArgs) {
             }
         }
     }
-    for r in 0..n_rows {
-        let inv = if row_sum[r] > 0.0 {
-            1.0 / row_sum[r]
-        } else {
-            0.0
-        };
-        for x in &mut acc[r * s.dv..(r + 1) * s.dv] {
+    finish_rows(acc, s.dv, &row_max[..n_rows], &row_sum[..n_rows], lse);
+}
+
+/// Divides each accumulated row by its softmax sum and writes its log-sum-exp (a row that
+/// saw no key gives zeros and -inf).
+#[inline(always)]
+fn finish_rows(acc: &mut [f32], dv: usize, row_max: &[f32], row_sum: &[f32], lse: &mut [f32]) {
+    for (r, (&max, &sum)) in row_max.iter().zip(row_sum).enumerate() {
+        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        for x in &mut acc[r * dv..(r + 1) * dv] {
             *x *= inv;
         }
-        lse[r] = if row_sum[r] > 0.0 {
-            row_max[r] + row_sum[r].ln()
+        lse[r] = if sum > 0.0 {
+            max + sum.ln()
         } else {
             f32::NEG_INFINITY
         };
@@ -566,13 +562,22 @@ fn fused_block_body(a: BlockArgs) {
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    /// The fused block compiled for AVX-512.
+    use std::arch::x86_64::*;
+
+    use super::{BLOCK_M, BLOCK_N, BlockArgs, fast_exp, lanes_max, lanes_sum};
+
+    /// The fused block for AVX-512: value widths that are multiples of 64 take the
+    /// register-tiled path below, others the generic body compiled for AVX-512.
     ///
     /// # Safety
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn block_avx512(args: super::BlockArgs) {
-        super::fused_block_body(args)
+    pub(super) unsafe fn block_avx512(args: BlockArgs) {
+        if args.s.dv.is_multiple_of(64) {
+            tiled(args)
+        } else {
+            super::fused_block_body(args)
+        }
     }
 
     /// The fused block compiled for AVX2 and FMA.
@@ -580,8 +585,184 @@ mod simd {
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block_avx2(args: super::BlockArgs) {
+    pub(super) unsafe fn block_avx2(args: BlockArgs) {
         super::fused_block_body(args)
+    }
+
+    /// Scores of `R` query rows (`q` starts at the first, rows `d` apart) against a
+    /// transposed key block `kt[x][c]`: 4·R accumulators held in registers.
+    #[inline(always)]
+    fn scores<const R: usize>(
+        q: &[f32],
+        d: usize,
+        kt: &[f32],
+        scale: f32,
+        out: &mut [[f32; BLOCK_N]],
+    ) {
+        assert!(q.len() >= (R - 1) * d + d && kt.len() >= d * BLOCK_N && out.len() >= R);
+        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
+        // the caller's target feature.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for x in 0..d {
+                let col = kt.as_ptr().add(x * BLOCK_N);
+                let k = [0, 16, 32, 48].map(|o| _mm512_loadu_ps(col.add(o)));
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let qb = _mm512_set1_ps(*q.get_unchecked(r * d + x) * scale);
+                    for j in 0..4 {
+                        row[j] = _mm512_fmadd_ps(qb, k[j], row[j]);
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (j, &a) in row.iter().enumerate() {
+                    _mm512_storeu_ps(out[r].as_mut_ptr().add(16 * j), a);
+                }
+            }
+        }
+    }
+
+    /// For `R` rows of `out` (`dv` apart), columns `d0..d0 + 64`: `out·alpha[r] + Σ_c
+    /// p[r][c] · v[c][d0..d0 + 64]` over `keys` value rows, accumulated in registers.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn weighted<const R: usize>(
+        out: &mut [f32],
+        dv: usize,
+        d0: usize,
+        alpha: &[f32],
+        p: &[[f32; BLOCK_N]],
+        v: &[f32],
+        keys: usize,
+    ) {
+        assert!(
+            d0 + 64 <= dv && out.len() >= (R - 1) * dv + dv && alpha.len() >= R && p.len() >= R
+        );
+        assert!(keys <= BLOCK_N && (keys == 0 || v.len() >= (keys - 1) * dv + d0 + 64));
+        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
+        // the caller's target feature.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            for (r, row) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(alpha[r]);
+                for (j, slot) in row.iter_mut().enumerate() {
+                    *slot =
+                        _mm512_mul_ps(_mm512_loadu_ps(out.as_ptr().add(r * dv + d0 + 16 * j)), a);
+                }
+            }
+            for c in 0..keys {
+                let values = v.as_ptr().add(c * dv + d0);
+                let vv = [0, 16, 32, 48].map(|o| _mm512_loadu_ps(values.add(o)));
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let pb = _mm512_set1_ps(*p.get_unchecked(r).get_unchecked(c));
+                    for j in 0..4 {
+                        row[j] = _mm512_fmadd_ps(pb, vv[j], row[j]);
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate() {
+                for (j, &a) in row.iter().enumerate() {
+                    _mm512_storeu_ps(out.as_mut_ptr().add(r * dv + d0 + 16 * j), a);
+                }
+            }
+        }
+    }
+
+    /// Query rows per register tile: 4 rows x 64 columns is 16 of the 32 zmm registers.
+    const TILE_ROWS: usize = 4;
+
+    /// The online-softmax block with scores and weighted sums as register tiles of
+    /// [`TILE_ROWS`] rows.
+    #[inline(always)]
+    fn tiled(a: BlockArgs) {
+        let BlockArgs {
+            q,
+            v,
+            rows,
+            s,
+            scale,
+            causal,
+            bias,
+            out,
+            lse,
+            kt,
+        } = a;
+        let n_rows = rows.len();
+        let mut tile = [[0f32; BLOCK_N]; BLOCK_M];
+        let mut row_max = [f32::NEG_INFINITY; BLOCK_M];
+        let mut row_sum = [0f32; BLOCK_M];
+        let mut alpha = [1f32; BLOCK_M];
+        let acc = &mut out[..n_rows * s.dv];
+        acc.fill(0.0);
+        let q = &q[rows.start * s.d..rows.end * s.d];
+        let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+        for kb in (0..k_end).step_by(BLOCK_N) {
+            let keys = BLOCK_N.min(k_end - kb);
+            let kt = super::key_block(kt, s.d, kb);
+            let mut r = 0;
+            while r + TILE_ROWS <= n_rows {
+                scores::<TILE_ROWS>(&q[r * s.d..], s.d, kt, scale, &mut tile[r..]);
+                r += TILE_ROWS;
+            }
+            for r in r..n_rows {
+                scores::<1>(&q[r * s.d..], s.d, kt, scale, &mut tile[r..]);
+            }
+            for (r, i) in rows.clone().enumerate() {
+                let srow = &mut tile[r];
+                let visible = if causal {
+                    keys.min((i + 1).saturating_sub(kb))
+                } else {
+                    keys
+                };
+                srow[visible..].fill(f32::NEG_INFINITY);
+                if let Some(bias) = bias {
+                    for (c, x) in srow[..visible].iter_mut().enumerate() {
+                        *x += bias.at(i, kb + c);
+                    }
+                }
+                let new_max = row_max[r].max(lanes_max(srow));
+                if new_max == f32::NEG_INFINITY {
+                    // Nothing visible yet: the row's sums stay zero.
+                    alpha[r] = 1.0;
+                    srow.fill(0.0);
+                    continue;
+                }
+                alpha[r] = fast_exp(row_max[r] - new_max);
+                row_max[r] = new_max;
+                for x in srow.iter_mut() {
+                    *x = fast_exp(*x - new_max);
+                }
+                row_sum[r] = row_sum[r] * alpha[r] + lanes_sum(srow);
+            }
+            let values = &v[kb * s.dv..];
+            for d0 in (0..s.dv).step_by(64) {
+                let mut r = 0;
+                while r + TILE_ROWS <= n_rows {
+                    weighted::<TILE_ROWS>(
+                        &mut acc[r * s.dv..],
+                        s.dv,
+                        d0,
+                        &alpha[r..],
+                        &tile[r..],
+                        values,
+                        keys,
+                    );
+                    r += TILE_ROWS;
+                }
+                for r in r..n_rows {
+                    weighted::<1>(
+                        &mut acc[r * s.dv..],
+                        s.dv,
+                        d0,
+                        &alpha[r..],
+                        &tile[r..],
+                        values,
+                        keys,
+                    );
+                }
+            }
+        }
+        super::finish_rows(acc, s.dv, &row_max[..n_rows], &row_sum[..n_rows], lse);
     }
 }
 
@@ -604,7 +785,6 @@ impl MaskView<'_> {
 /// The arguments of one fused block.
 struct BlockArgs<'a> {
     q: &'a [f32],
-    k: &'a [f32],
     v: &'a [f32],
     rows: std::ops::Range<usize>,
     s: &'a Shape,
@@ -613,8 +793,30 @@ struct BlockArgs<'a> {
     bias: Option<MaskView<'a>>,
     out: &'a mut [f32],
     lse: &'a mut [f32],
-    /// `d * BLOCK_N` floats for the transposed key block.
-    scratch: &'a mut [f32],
+    /// The head's keys, transposed block by block (see [`transpose_keys`]).
+    kt: &'a [f32],
+}
+
+/// Keys `[L, d]` of one head as blocks of `BLOCK_N`, each transposed to `[d][BLOCK_N]`
+/// (zero past the last key), so that a block's scores are plain vector loops. Done once
+/// per head, shared by all its query blocks.
+fn transpose_keys(k: &[f32], lk: usize, d: usize) -> Vec<f32> {
+    let blocks = lk.div_ceil(BLOCK_N);
+    let mut kt = vec![0f32; blocks * d * BLOCK_N];
+    for (j, key) in k.chunks_exact(d.max(1)).take(lk).enumerate() {
+        let block = &mut kt[(j / BLOCK_N) * d * BLOCK_N..];
+        for (x, &value) in key.iter().enumerate() {
+            block[x * BLOCK_N + j % BLOCK_N] = value;
+        }
+    }
+    kt
+}
+
+/// The transposed block of keys starting at key `kb`.
+#[inline(always)]
+fn key_block(kt: &[f32], d: usize, kb: usize) -> &[f32] {
+    let start = (kb / BLOCK_N) * d * BLOCK_N;
+    &kt[start..start + d * BLOCK_N]
 }
 
 /// Runs one fused block with the code compiled for the CPU capability in force.
@@ -636,7 +838,10 @@ fn run_block(args: BlockArgs) {
 fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
     let load = |t: &Tensor| -> Result<Vec<f32>> {
-        Ok(host_f64(t)?.into_iter().map(|x| x as f32).collect())
+        match t.dtype() {
+            DType::F32 => t.to_vec::<f32>(),
+            _ => Ok(host_f64(t)?.into_iter().map(|x| x as f32).collect()),
+        }
     };
     let (qv, kv, vv) = (load(q)?, load(k)?, load(v)?);
     let bias = Bias::of(o.attn_mask)?;
@@ -665,8 +870,14 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let per = items.len().div_ceil(threads);
     let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
+    let head_kt = s.lk.div_ceil(BLOCK_N) * s.d * BLOCK_N;
+    let kts: Vec<f32> = kv
+        .chunks(s.lk * s.d)
+        .take(s.b * s.hk)
+        .flat_map(|k| transpose_keys(k, s.lk, s.d))
+        .collect();
+    let kts = &kts;
     let work = |chunk: Vec<(usize, &mut [f32], &mut [f32])>| {
-        let mut scratch = vec![0f32; s.d * BLOCK_N];
         for (item, o_here, l_here) in chunk {
             let (bh, blk) = (item / blocks, item % blocks);
             let (b, h) = (bh / s.h, bh % s.h);
@@ -674,7 +885,7 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
             let q = &qv[bh * s.lq * s.d..(bh + 1) * s.lq * s.d];
             let kvh = b * s.hk + hk;
-            let k = &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d];
+            let kt = &kts[kvh * head_kt..(kvh + 1) * head_kt];
             let v = &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv];
             let mask = bias
                 .as_ref()
@@ -687,7 +898,6 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 });
             run_block(BlockArgs {
                 q,
-                k,
                 v,
                 rows,
                 s,
@@ -696,7 +906,7 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 bias: mask,
                 out: o_here,
                 lse: l_here,
-                scratch: &mut scratch,
+                kt,
             });
         }
     };
@@ -710,8 +920,13 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         }
         work(rest);
     });
-    let out: Vec<f64> = out.into_iter().map(f64::from).collect();
-    let output = Tensor::from_f64(&out, out_shape, q.dtype(), Device::Cpu)?;
+    let output = match q.dtype() {
+        DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,
+        dtype => {
+            let out: Vec<f64> = out.into_iter().map(f64::from).collect();
+            Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)?
+        }
+    };
     let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
     Ok((output, lse))
 }
