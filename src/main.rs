@@ -16,28 +16,18 @@ struct Cli {
 enum Command {
     /// Says, for each SDPA backend, whether it can serve a call of this shape, and why not.
     Explain {
-        /// Batch, heads, query length, key length, head dim: `B,H,Lq,Lk,D`.
-        #[arg(long, value_parser = parse_shape)]
-        shape: [usize; 5],
-        /// Element type (`f32`, `f16`, `bf16`, `f64`).
-        #[arg(long, default_value = "f32")]
-        dtype: backends::DType,
-        /// Causal (top-left aligned) masking.
-        #[arg(long)]
-        causal: bool,
-        /// An attention mask of shape `[Lq, Lk]`: `bool` or `float` (additive).
-        #[arg(long)]
-        mask: Option<MaskKind>,
-        /// Dropout probability.
-        #[arg(long, default_value_t = 0.0)]
-        dropout: f64,
-        /// The device (`cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`); default: the best one here.
-        #[arg(long)]
-        device: Option<backends::Device>,
+        #[command(flatten)]
+        call: CallArgs,
         /// For a CUDA device: assume one of this compute capability (e.g. `9.0`) is present,
         /// to plan on a machine without it.
         #[arg(long, value_parser = parse_sm)]
         sm: Option<(u32, u32)>,
+    },
+    /// Runs the selected SDPA backend on random data of this shape, checks it against the
+    /// math backend in float64 and prints the relative error and the time.
+    Sdpa {
+        #[command(flatten)]
+        call: CallArgs,
     },
     /// Runs a program with tuned CPU settings: instances bound to cores, OMP_NUM_THREADS,
     /// a preloaded allocator (`torch.backends.xeon.run_cpu`).
@@ -48,6 +38,29 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// One attention call, as `explain` and `sdpa` take it.
+#[derive(clap::Args)]
+struct CallArgs {
+    /// Batch, heads, query length, key length, head dim: `B,H,Lq,Lk,D`.
+    #[arg(long, value_parser = parse_shape)]
+    shape: [usize; 5],
+    /// Element type (`f32`, `f16`, `bf16`, `f64`).
+    #[arg(long, default_value = "f32")]
+    dtype: backends::DType,
+    /// Causal (top-left aligned) masking.
+    #[arg(long)]
+    causal: bool,
+    /// An attention mask of shape `[Lq, Lk]`: `bool` or `float` (additive).
+    #[arg(long)]
+    mask: Option<MaskKind>,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.0)]
+    dropout: f64,
+    /// The device (`cpu`, `cuda`, `cuda:N`, `wgpu`, `wgpu:N`); default: the best one here.
+    #[arg(long)]
+    device: Option<backends::Device>,
 }
 
 /// The options of `backends run-cpu`, as PyTorch's launcher names them.
@@ -159,6 +172,119 @@ struct Query {
     sm: Option<(u32, u32)>,
 }
 
+impl Query {
+    fn of(c: CallArgs, sm: Option<(u32, u32)>) -> Query {
+        Query {
+            shape: c.shape,
+            dtype: c.dtype,
+            causal: c.causal,
+            mask: c.mask,
+            dropout: c.dropout,
+            device: c.device.unwrap_or_else(backends::Device::best),
+            sm,
+        }
+    }
+}
+
+/// Runs the selected backend on random inputs and compares it with math in float64.
+fn run_sdpa(q: &Query) -> backends::Result<String> {
+    use backends::attention::{SdpBackend, sdpa_kernel_scoped};
+    use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
+    let [b, h, lq, lk, d] = q.shape;
+    // A small deterministic generator: fresh values per input, in [-1, 1).
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (b * h * lq * lk * d) as u64;
+    let mut random = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let (qv, kv, vv) = (
+        random(b * h * lq * d),
+        random(b * h * lk * d),
+        random(b * h * lk * d),
+    );
+    let mask_values: Option<Vec<f64>> = q.mask.map(|kind| match kind {
+        // Every row keeps its first key, so that no row is fully masked.
+        MaskKind::Bool => random(lq * lk)
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| f64::from(u8::from(x > -0.5 || i % lk == 0)))
+            .collect(),
+        MaskKind::Float => random(lq * lk),
+    });
+    let inputs = |dtype: DType, device: Device| -> backends::Result<Vec<Tensor>> {
+        let mut t = vec![
+            Tensor::from_f64(&qv, &[b, h, lq, d], dtype, device)?,
+            Tensor::from_f64(&kv, &[b, h, lk, d], dtype, device)?,
+            Tensor::from_f64(&vv, &[b, h, lk, d], dtype, device)?,
+        ];
+        if let (Some(values), Some(kind)) = (&mask_values, q.mask) {
+            let mask_dtype = if matches!(kind, MaskKind::Bool) {
+                DType::Bool
+            } else {
+                dtype
+            };
+            t.push(Tensor::from_f64(values, &[lq, lk], mask_dtype, device)?);
+        }
+        Ok(t)
+    };
+    let run = |t: &[Tensor]| {
+        let options = SdpaOptions {
+            attn_mask: t.get(3),
+            dropout_p: q.dropout,
+            is_causal: q.causal,
+            seed: 7,
+            ..SdpaOptions::default()
+        };
+        sdpa(&t[0], &t[1], &t[2], &options)
+    };
+    let ours = inputs(q.dtype, q.device)?;
+    run(&ours)?; // warm-up: pipelines, plans, caches
+    let start = std::time::Instant::now();
+    let out = run(&ours)?;
+    let seconds = start.elapsed().as_secs_f64();
+    // The reference: the inputs as the device saw them, in f64, through math on the CPU.
+    let exact: Vec<Tensor> = ours
+        .iter()
+        .map(|t| {
+            let dtype = if t.dtype() == DType::Bool {
+                DType::Bool
+            } else {
+                DType::F64
+            };
+            Tensor::from_f64(&t.to_f64()?, t.shape(), dtype, Device::Cpu)
+        })
+        .collect::<backends::Result<_>>()?;
+    let reference = {
+        let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+        run(&exact)?.output.to_f64()?
+    };
+    let got = out.output.to_f64()?;
+    let diff: f64 = got
+        .iter()
+        .zip(&reference)
+        .map(|(a, r)| (a - r) * (a - r))
+        .sum();
+    let norm: f64 = reference.iter().map(|r| r * r).sum();
+    let flops = 4.0 * (b * h * lq * lk * d) as f64 / if q.causal { 2.0 } else { 1.0 };
+    Ok(format!(
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {}, causal {}, on {}\n\
+         backend: {}\nrelative error vs float64 math: {:.2e}\ntime: {:.3} ms ({:.3} TFLOP/s)\n",
+        q.dtype,
+        q.causal,
+        q.device,
+        out.backend,
+        (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
+        seconds * 1e3,
+        flops / seconds / 1e12
+    ))
+}
+
 fn explain(
     Query {
         shape,
@@ -250,26 +376,14 @@ fn main() -> ExitCode {
     let _ = log::set_logger(&StderrLogger).map(|()| log::set_max_level(log::LevelFilter::Warn));
     let cli = Cli::parse();
     let text = match cli.command {
-        Some(Command::Explain {
-            shape,
-            dtype,
-            causal,
-            mask,
-            dropout,
-            device,
-            sm,
-        }) => {
-            let device = device.unwrap_or_else(backends::Device::best);
-            explain(Query {
-                shape,
-                dtype,
-                causal,
-                mask,
-                dropout,
-                device,
-                sm,
-            })
-        }
+        Some(Command::Explain { call, sm }) => explain(Query::of(call, sm)),
+        Some(Command::Sdpa { call }) => match run_sdpa(&Query::of(call, None)) {
+            Ok(text) => text,
+            Err(err) => {
+                eprintln!("backends sdpa: {err}");
+                return ExitCode::FAILURE;
+            }
+        },
         Some(Command::RunCpu(args)) => {
             return match backends::xeon::run_cpu(&args.options()) {
                 Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

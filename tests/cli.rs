@@ -171,3 +171,34 @@ fn explain_rejects_a_bad_shape() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("B,H,Lq,Lk,D"));
 }
+
+#[test]
+fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
+    for (args, backend) in [
+        (&["--causal", "--mask", "bool"][..], "FLASH_ATTENTION"),
+        (&["--dropout", "0.25"][..], "MATH"),
+    ] {
+        let mut all = vec!["sdpa", "--shape", "2,3,33,47,64", "--device", "cpu"];
+        all.extend_from_slice(args);
+        let text = run(&all, &[]);
+        assert!(text.contains(&format!("backend: {backend}")), "{text}");
+        let err: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("relative error vs float64 math: "))
+            .and_then(|e| e.parse().ok())
+            .unwrap_or_else(|| panic!("no error line in {text}"));
+        assert!(err < 1e-5, "{text}");
+        assert!(text.contains(" ms ("), "{text}");
+    }
+}
+
+#[test]
+fn sdpa_reports_bad_input_as_an_error() {
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args(["sdpa", "--shape", "1,1,4,4,8", "--device", "cuda:7"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("backends sdpa:"), "{stderr}");
+}
