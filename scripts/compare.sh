@@ -79,13 +79,13 @@ echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name
 echo "measured fp32 FMA peak: $peak GFLOP/s"
 echo "peers: $(echo "$theirs_gemm" | grep '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep '^#' | cut -c3-)}"
 echo
-printf "%-28s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
+printf "%-38s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
 row() { # name ours theirs unit-scale (GFLOP/s per unit)
   local o="$2" t="$3" s="$4"
   if [ -z "$t" ]; then
-    printf "%-28s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
+    printf "%-38s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
   else
-    printf "%-28s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
+    printf "%-38s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
       "$(echo "$o * $s / $peak" | bc -l)" "$(echo "$t * $s / $peak" | bc -l)"
   fi
 }

@@ -406,12 +406,12 @@ fn fast_exp(x: f32) -> f32 {
     if x < -87.0 { 0.0 } else { scaled }
 }
 
-/// One query row's scores against a transposed key block (`kt[x][c]`), kept in registers.
+/// One (pre-scaled) query row's scores against a transposed key block (`kt[x][c]`), kept
+/// in registers.
 #[inline(always)]
-fn score_row(q: &[f32], kt: &[f32], scale: f32) -> [f32; BLOCK_N] {
+fn score_row(q: &[f32], kt: &[f32]) -> [f32; BLOCK_N] {
     let mut acc = [0f32; BLOCK_N];
-    for (x, col) in q.iter().zip(kt.chunks_exact(BLOCK_N)) {
-        let qx = x * scale;
+    for (&qx, col) in q.iter().zip(kt.chunks_exact(BLOCK_N)) {
         for c in 0..BLOCK_N {
             acc[c] = qx.mul_add(col[c], acc[c]);
         }
@@ -470,6 +470,38 @@ fn lanes_sum(x: &[f32; BLOCK_N]) -> f32 {
 const BLOCK_M: usize = 32;
 const BLOCK_N: usize = 64;
 
+/// One row of a block's scores through the online softmax: keys from `visible` on are
+/// hidden, the mask `(view, row, first key)` is added, the row's running max and sum take
+/// the block in, and the scores become weights. Returns the factor that rescales the
+/// row's earlier sums, or `None` (with zero weights) while the row has seen no key.
+#[inline(always)]
+fn online_softmax(
+    srow: &mut [f32; BLOCK_N],
+    visible: usize,
+    bias: Option<(MaskView, usize, usize)>,
+    row_max: &mut f32,
+    row_sum: &mut f32,
+) -> Option<f32> {
+    srow[visible..].fill(f32::NEG_INFINITY);
+    if let Some((mask, i, kb)) = bias {
+        for (c, x) in srow[..visible].iter_mut().enumerate() {
+            *x += mask.at(i, kb + c);
+        }
+    }
+    let new_max = row_max.max(lanes_max(srow));
+    if new_max == f32::NEG_INFINITY {
+        srow.fill(0.0);
+        return None;
+    }
+    let alpha = fast_exp(*row_max - new_max);
+    *row_max = new_max;
+    for x in srow.iter_mut() {
+        *x = fast_exp(*x - new_max);
+    }
+    *row_sum = *row_sum * alpha + lanes_sum(srow);
+    Some(alpha)
+}
+
 /// One query block against all its keys, online softmax in f32. Each key block is
 /// transposed once, so that scores and weighted sums are plain vector loops.
 #[inline(always)]
@@ -479,7 +511,6 @@ fn fused_block_body(a: BlockArgs) {
         v,
         rows,
         s,
-        scale,
         causal,
         bias,
         out,
@@ -496,29 +527,18 @@ fn fused_block_body(a: BlockArgs) {
         let keys = BLOCK_N.min(k_end - kb);
         let kt = key_block(kt, s.d, kb);
         for (r, i) in rows.clone().enumerate() {
-            let mut srow = score_row(&q[i * s.d..(i + 1) * s.d], kt, scale);
+            let mut srow = score_row(&q[i * s.d..(i + 1) * s.d], kt);
             let visible = if causal {
                 keys.min((i + 1).saturating_sub(kb))
             } else {
                 keys
             };
-            srow[visible..].fill(f32::NEG_INFINITY);
-            if let Some(bias) = bias {
-                for (c, x) in srow[..visible].iter_mut().enumerate() {
-                    *x += bias.at(i, kb + c);
-                }
-            }
-            let block_max = lanes_max(&srow);
-            let new_max = row_max[r].max(block_max);
-            if new_max == f32::NEG_INFINITY {
+            let bias = bias.map(|m| (m, i, kb));
+            let Some(alpha) =
+                online_softmax(&mut srow, visible, bias, &mut row_max[r], &mut row_sum[r])
+            else {
                 continue; // nothing visible yet: keep zeros
-            }
-            let alpha = fast_exp(row_max[r] - new_max);
-            row_max[r] = new_max;
-            for x in srow.iter_mut() {
-                *x = fast_exp(*x - new_max);
-            }
-            row_sum[r] = row_sum[r] * alpha + lanes_sum(&srow);
+            };
             // Weighted sum of the block's values, 64 output dims at a time in registers.
             let arow = &mut acc[r * s.dv..(r + 1) * s.dv];
             for (chunk_index, chunk) in arow.chunks_mut(64).enumerate() {
@@ -564,7 +584,7 @@ fn finish_rows(acc: &mut [f32], dv: usize, row_max: &[f32], row_sum: &[f32], lse
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK_M, BLOCK_N, BlockArgs, fast_exp, lanes_max, lanes_sum};
+    use super::{BLOCK_M, BLOCK_N, BlockArgs, online_softmax};
 
     /// The fused block for AVX-512: value widths that are multiples of 64 take the
     /// register-tiled path below, others the generic body compiled for AVX-512.
@@ -592,13 +612,7 @@ mod simd {
     /// Scores of `R` query rows (`q` starts at the first, rows `d` apart) against a
     /// transposed key block `kt[x][c]`: 4·R accumulators held in registers.
     #[inline(always)]
-    fn scores<const R: usize>(
-        q: &[f32],
-        d: usize,
-        kt: &[f32],
-        scale: f32,
-        out: &mut [[f32; BLOCK_N]],
-    ) {
+    fn scores<const R: usize>(q: &[f32], d: usize, kt: &[f32], out: &mut [[f32; BLOCK_N]]) {
         assert!(q.len() >= (R - 1) * d + d && kt.len() >= d * BLOCK_N && out.len() >= R);
         // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
         // the caller's target feature.
@@ -608,7 +622,7 @@ mod simd {
                 let col = kt.as_ptr().add(x * BLOCK_N);
                 let k = [0, 16, 32, 48].map(|o| _mm512_loadu_ps(col.add(o)));
                 for (r, row) in acc.iter_mut().enumerate() {
-                    let qb = _mm512_set1_ps(*q.get_unchecked(r * d + x) * scale);
+                    let qb = _mm512_set1_ps(*q.get_unchecked(r * d + x));
                     for j in 0..4 {
                         row[j] = _mm512_fmadd_ps(qb, k[j], row[j]);
                     }
@@ -680,7 +694,6 @@ mod simd {
             v,
             rows,
             s,
-            scale,
             causal,
             bias,
             out,
@@ -701,38 +714,28 @@ mod simd {
             let kt = super::key_block(kt, s.d, kb);
             let mut r = 0;
             while r + TILE_ROWS <= n_rows {
-                scores::<TILE_ROWS>(&q[r * s.d..], s.d, kt, scale, &mut tile[r..]);
+                scores::<TILE_ROWS>(&q[r * s.d..], s.d, kt, &mut tile[r..]);
                 r += TILE_ROWS;
             }
             for r in r..n_rows {
-                scores::<1>(&q[r * s.d..], s.d, kt, scale, &mut tile[r..]);
+                scores::<1>(&q[r * s.d..], s.d, kt, &mut tile[r..]);
             }
             for (r, i) in rows.clone().enumerate() {
-                let srow = &mut tile[r];
                 let visible = if causal {
                     keys.min((i + 1).saturating_sub(kb))
                 } else {
                     keys
                 };
-                srow[visible..].fill(f32::NEG_INFINITY);
-                if let Some(bias) = bias {
-                    for (c, x) in srow[..visible].iter_mut().enumerate() {
-                        *x += bias.at(i, kb + c);
-                    }
-                }
-                let new_max = row_max[r].max(lanes_max(srow));
-                if new_max == f32::NEG_INFINITY {
-                    // Nothing visible yet: the row's sums stay zero.
-                    alpha[r] = 1.0;
-                    srow.fill(0.0);
-                    continue;
-                }
-                alpha[r] = fast_exp(row_max[r] - new_max);
-                row_max[r] = new_max;
-                for x in srow.iter_mut() {
-                    *x = fast_exp(*x - new_max);
-                }
-                row_sum[r] = row_sum[r] * alpha[r] + lanes_sum(srow);
+                let bias = bias.map(|m| (m, i, kb));
+                // Nothing visible yet: zero weights, and the sums stay zero.
+                alpha[r] = online_softmax(
+                    &mut tile[r],
+                    visible,
+                    bias,
+                    &mut row_max[r],
+                    &mut row_sum[r],
+                )
+                .unwrap_or(1.0);
             }
             let values = &v[kb * s.dv..];
             for d0 in (0..s.dv).step_by(64) {
@@ -784,11 +787,11 @@ impl MaskView<'_> {
 
 /// The arguments of one fused block.
 struct BlockArgs<'a> {
+    /// The head's queries, already multiplied by the scale.
     q: &'a [f32],
     v: &'a [f32],
     rows: std::ops::Range<usize>,
     s: &'a Shape,
-    scale: f32,
     causal: bool,
     bias: Option<MaskView<'a>>,
     out: &'a mut [f32],
@@ -843,7 +846,10 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             _ => Ok(host_f64(t)?.into_iter().map(|x| x as f32).collect()),
         }
     };
-    let (qv, kv, vv) = (load(q)?, load(k)?, load(v)?);
+    let (mut qv, kv, vv) = (load(q)?, load(k)?, load(v)?);
+    // Scaled once here (the same f32 product the scores would form each time).
+    let scale = scale as f32;
+    qv.iter_mut().for_each(|x| *x *= scale);
     let bias = Bias::of(o.attn_mask)?;
     let bias_values: Option<Vec<f32>> = bias
         .as_ref()
@@ -901,7 +907,6 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 v,
                 rows,
                 s,
-                scale: scale as f32,
                 causal: o.is_causal,
                 bias: mask,
                 out: o_here,
