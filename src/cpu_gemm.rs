@@ -4,6 +4,7 @@
 //! accumulated in f32, in a fixed order: results are bit-identical run to run and do not
 //! depend on the thread count.
 
+use crate::DType;
 use crate::cpu::CpuCapability;
 use crate::tensor::Element;
 
@@ -56,13 +57,33 @@ impl<T: Element> MatView<'_, T> {
 type MicroFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
 
 /// A micro-kernel: computes an `mr x nr` block of C from packed panels, storing it (the
-/// first K block) or adding it to what C holds (later K blocks).
+/// first K block) or adding it to what C holds (later K blocks). It runs over packed
+/// steps: one K index each, or with `pairs` two K indices as bf16 values in one 32-bit slot.
 #[derive(Clone, Copy)]
 pub(crate) struct Micro {
     pub name: &'static str,
     mr: usize,
     nr: usize,
+    pairs: bool,
     run: MicroFn,
+}
+
+impl Micro {
+    /// Packed steps for `kc` K indices.
+    fn steps(&self, kc: usize) -> usize {
+        if self.pairs { kc.div_ceil(2) } else { kc }
+    }
+}
+
+/// The micro-kernel for a product whose inputs are bf16 values (bf16 data, or f32 rounded
+/// to bf16): AVX512-BF16 dot products where the CPU has them and AVX-512 is in force, else
+/// [`micro`].
+pub(crate) fn micro_for_bf16() -> Micro {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::get_cpu_capability() == CpuCapability::Avx512 && crate::cpu::has_avx512_bf16() {
+        return x86::AVX512_BF16;
+    }
+    micro()
 }
 
 /// The micro-kernel for the CPU capability in force.
@@ -94,7 +115,11 @@ pub(crate) fn gemm<T: Element>(
     }
     // Every element is stored by the first K block: NaN shows any that is not.
     let mut c = vec![f32::NAN; m * n];
-    let mk = micro();
+    let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
+        micro_for_bf16()
+    } else {
+        micro()
+    };
     let (mr, nr) = (mk.mr, mk.nr);
     let mc = mr * 16;
     let threads = threads.max(1);
@@ -106,17 +131,19 @@ pub(crate) fn gemm<T: Element>(
         let b_panels = nc.div_ceil(nr);
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
+            let ks = mk.steps(kc);
             // Pack A (all rows) and B (this column block) in panels, split over threads.
-            let a_buf = &mut packed_a[..a_panels * mr * kc];
-            let b_buf = &mut packed_b[..b_panels * nr * kc];
+            let a_buf = &mut packed_a[..a_panels * mr * ks];
+            let b_buf = &mut packed_b[..b_panels * nr * ks];
+            let (pairs, a_rows, b_cols) = (mk.pairs, (pc, kc, m), (pc, kc, jc, jc + nc));
             std::thread::scope(|s| {
                 let per = a_panels.div_ceil(threads);
-                for (t, chunk) in a_buf.chunks_mut(per * mr * kc).enumerate() {
-                    s.spawn(move || pack_a(a, t * per, chunk, mr, kc, pc, m, rounding));
+                for (t, chunk) in a_buf.chunks_mut(per * mr * ks).enumerate() {
+                    s.spawn(move || pack_a(a, t * per, chunk, mr, a_rows, rounding, pairs));
                 }
                 let per = b_panels.div_ceil(threads);
-                for (t, chunk) in b_buf.chunks_mut(per * nr * kc).enumerate() {
-                    s.spawn(move || pack_b(b, t * per, chunk, nr, kc, pc, jc, jc + nc, rounding));
+                for (t, chunk) in b_buf.chunks_mut(per * nr * ks).enumerate() {
+                    s.spawn(move || pack_b(b, t * per, chunk, nr, b_cols, rounding, pairs));
                 }
             });
             // Tiles of C: row blocks of mc by column chunks, taken by threads in turn.
@@ -142,11 +169,11 @@ pub(crate) fn gemm<T: Element>(
                             let panels =
                                 jb * panels_per_chunk..((jb + 1) * panels_per_chunk).min(b_panels);
                             for jp in panels {
-                                let b_panel = &b_buf[jp * nr * kc..(jp + 1) * nr * kc];
+                                let b_panel = &b_buf[jp * nr * ks..(jp + 1) * nr * ks];
                                 let col0 = jc + jp * nr;
                                 let cols = nr.min(n - col0);
                                 for ip in (rows.start / mr)..rows.end.div_ceil(mr) {
-                                    let a_panel = &a_buf[ip * mr * kc..(ip + 1) * mr * kc];
+                                    let a_panel = &a_buf[ip * mr * ks..(ip + 1) * mr * ks];
                                     let row0 = ip * mr;
                                     let rows_here = mr.min(m - row0);
                                     // SAFETY: every (row block, column chunk) item is taken by one
@@ -155,7 +182,7 @@ pub(crate) fn gemm<T: Element>(
                                     unsafe {
                                         tile(
                                             mk,
-                                            kc,
+                                            ks,
                                             a_panel,
                                             b_panel,
                                             c_ptr.get().add(row0 * n + col0),
@@ -192,15 +219,15 @@ unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 /// Stores (or with `accumulate`, adds) one `rows x cols` tile (at most `mr x nr`) into C at
-/// `c` (row stride `ldc`).
+/// `c` (row stride `ldc`), over `steps` packed steps.
 ///
 /// # Safety
 /// `c` must point at `rows` rows of `cols` writable floats, `ldc` apart, that no other
-/// thread touches; the panels must hold `kc` steps of `mr` and `nr` values.
+/// thread touches; the panels must hold `steps` steps of `mr` and `nr` values.
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     mk: Micro,
-    kc: usize,
+    steps: usize,
     a: &[f32],
     b: &[f32],
     c: *mut f32,
@@ -209,10 +236,10 @@ unsafe fn tile(
     cols: usize,
     accumulate: bool,
 ) {
-    debug_assert!(a.len() >= kc * mk.mr && b.len() >= kc * mk.nr);
+    debug_assert!(a.len() >= steps * mk.mr && b.len() >= steps * mk.nr);
     if rows == mk.mr && cols == mk.nr {
         // SAFETY: the panels are long enough (asserted) and C holds a full tile (caller).
-        unsafe { (mk.run)(kc, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) };
+        unsafe { (mk.run)(steps, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) };
         return;
     }
     let mut scratch = [0f32; 1024];
@@ -223,7 +250,7 @@ unsafe fn tile(
     // SAFETY: the scratch tile holds mr x nr floats (asserted) with row stride nr.
     unsafe {
         (mk.run)(
-            kc,
+            steps,
             a.as_ptr(),
             b.as_ptr(),
             scratch.as_mut_ptr(),
@@ -246,69 +273,95 @@ unsafe fn tile(
     }
 }
 
-/// Packs A's rows `[first_panel * mr ..)` (one chunk of panels) for steps `pc..pc + kc`:
-/// panel `p` holds `out[p][step][row]`, zero past row `m`.
-#[allow(clippy::too_many_arguments)]
+/// One packed slot: a value, or with `pairs` the bf16 values of K indices `k` and `k + 1`
+/// (zero past `k_end`) in one 32-bit word, lower half first.
+#[inline(always)]
+fn slot(
+    value: impl Fn(usize) -> f32,
+    k: usize,
+    k_end: usize,
+    rounding: Rounding,
+    pairs: bool,
+) -> f32 {
+    if !pairs {
+        return rounding.apply(value(k));
+    }
+    let half = |k: usize| {
+        if k < k_end {
+            u32::from(half::bf16::from_f32(value(k)).to_bits())
+        } else {
+            0
+        }
+    };
+    f32::from_bits(half(k) | half(k + 1) << 16)
+}
+
+/// Packs A's rows `[first_panel * mr ..)` (one chunk of panels) for K indices
+/// `pc..pc + kc` (`rows` is `(pc, kc, m)`): panel `p` holds `out[p][step][row]`, zero past
+/// row `m`; with `pairs`, a step holds two K indices.
 fn pack_a<T: Element>(
     a: MatView<T>,
     first_panel: usize,
     out: &mut [f32],
     mr: usize,
-    kc: usize,
-    pc: usize,
-    m: usize,
+    (pc, kc, m): (usize, usize, usize),
     rounding: Rounding,
+    pairs: bool,
 ) {
-    for (p, panel) in out.chunks_mut(mr * kc).enumerate() {
+    let stride = if pairs { 2 } else { 1 };
+    let steps = kc.div_ceil(stride);
+    for (p, panel) in out.chunks_mut(mr * steps).enumerate() {
         let row0 = (first_panel + p) * mr;
         for (i, dst) in (0..mr).map(|i| (i, row0 + i)) {
-            if dst < m && a.cs == 1 {
+            if dst >= m {
+                for step in 0..steps {
+                    panel[step * mr + i] = 0.0;
+                }
+            } else if a.cs == 1 && !pairs {
                 let start = a.offset + dst * a.rs + pc;
                 for (step, x) in a.data[start..start + kc].iter().enumerate() {
                     panel[step * mr + i] = rounding.apply(x.to_f32());
                 }
-            } else if dst < m {
-                for step in 0..kc {
-                    panel[step * mr + i] = rounding.apply(a.at(dst, pc + step));
-                }
             } else {
-                for step in 0..kc {
-                    panel[step * mr + i] = 0.0;
+                for step in 0..steps {
+                    let k = pc + step * stride;
+                    panel[step * mr + i] = slot(|k| a.at(dst, k), k, pc + kc, rounding, pairs);
                 }
             }
         }
     }
 }
 
-/// Packs B's columns `[col_begin + first_panel * nr .. col_end)` for steps `pc..pc + kc`:
-/// panel `p` holds `out[p][step][col]`, zero past `col_end`.
-#[allow(clippy::too_many_arguments)]
+/// Packs B's columns `[col_begin + first_panel * nr .. col_end)` for K indices
+/// `pc..pc + kc` (`cols` is `(pc, kc, col_begin, col_end)`): panel `p` holds
+/// `out[p][step][col]`, zero past `col_end`; with `pairs`, a step holds two K indices.
 fn pack_b<T: Element>(
     b: MatView<T>,
     first_panel: usize,
     out: &mut [f32],
     nr: usize,
-    kc: usize,
-    pc: usize,
-    col_begin: usize,
-    col_end: usize,
+    (pc, kc, col_begin, col_end): (usize, usize, usize, usize),
     rounding: Rounding,
+    pairs: bool,
 ) {
-    for (p, panel) in out.chunks_mut(nr * kc).enumerate() {
+    let stride = if pairs { 2 } else { 1 };
+    let steps = kc.div_ceil(stride);
+    for (p, panel) in out.chunks_mut(nr * steps).enumerate() {
         let col0 = col_begin + (first_panel + p) * nr;
-        for step in 0..kc {
+        for step in 0..steps {
             let row = &mut panel[step * nr..(step + 1) * nr];
-            if b.cs == 1 && col0 + nr <= col_end {
-                let start = b.offset + (pc + step) * b.rs + col0;
+            let k = pc + step * stride;
+            if b.cs == 1 && col0 + nr <= col_end && !pairs {
+                let start = b.offset + k * b.rs + col0;
                 for (slot, x) in row.iter_mut().zip(&b.data[start..start + nr]) {
                     *slot = rounding.apply(x.to_f32());
                 }
                 continue;
             }
-            for (j, slot) in row.iter_mut().enumerate() {
+            for (j, out) in row.iter_mut().enumerate() {
                 let col = col0 + j;
-                *slot = if col < col_end {
-                    rounding.apply(b.at(pc + step, col))
+                *out = if col < col_end {
+                    slot(|k| b.at(k, col), k, pc + kc, rounding, pairs)
                 } else {
                     0.0
                 };
@@ -322,6 +375,7 @@ const PORTABLE: Micro = Micro {
     name: "portable",
     mr: 4,
     nr: 8,
+    pairs: false,
     run: micro_portable,
 };
 
@@ -378,8 +432,81 @@ mod x86 {
         name: "avx512",
         mr: 6,
         nr: 64,
+        pairs: false,
         run: micro_avx512::<6, 4>,
     };
+
+    /// The AVX512-BF16 micro-kernel: the AVX-512 tile over bf16 pairs (`vdpbf16ps`).
+    pub(super) const AVX512_BF16: Micro = Micro {
+        name: "avx512_bf16",
+        mr: 6,
+        nr: 64,
+        pairs: true,
+        run: micro_avx512_bf16::<6, 4>,
+    };
+
+    /// As [`micro_avx512`], but each step holds two K indices as bf16 pairs: one
+    /// `vdpbf16ps` per accumulator adds both products in f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16; `a` holds `steps * MR` pairs, `b`
+    /// `steps * 16 * NV`, and `c` MR rows of `16 * NV` writable floats `ldc` apart.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn micro_avx512_bf16<const MR: usize, const NV: usize>(
+        steps: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        for step in 0..steps {
+            // SAFETY: step < steps, so the reads stay inside the panels (caller). A pair
+            // of bf16 values and an f32 are both 32 bits: the casts reinterpret lanes.
+            unsafe {
+                let mut bv = [_mm512_setzero_ps(); NV];
+                for (v, slot) in bv.iter_mut().enumerate() {
+                    *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai: __m512bh = std::mem::transmute(_mm512_set1_ps(*a.add(step * MR + i)));
+                    for (x, &bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, ai, std::mem::transmute::<__m512, __m512bh>(bx));
+                    }
+                }
+            }
+        }
+        // SAFETY: C holds the tile (caller).
+        unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
+    }
+
+    /// Stores (or adds) the accumulators into C.
+    ///
+    /// # Safety
+    /// As the micro-kernels: `c` has MR rows of `16 * NV` writable floats `ldc` apart.
+    #[inline(always)]
+    unsafe fn store<const MR: usize, const NV: usize>(
+        acc: &[[__m512; NV]; MR],
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                // SAFETY: row i of the tile has 16 * NV writable floats (caller).
+                unsafe {
+                    let cv = c.add(i * ldc + v * 16);
+                    let out = if accumulate {
+                        _mm512_add_ps(_mm512_loadu_ps(cv), x)
+                    } else {
+                        x
+                    };
+                    _mm512_storeu_ps(cv, out);
+                }
+            }
+        }
+    }
 
     /// An `MR x (16 * NV)` tile: `MR * NV` zmm accumulators; per step, NV vectors of B and
     /// one broadcast of A per row.
@@ -412,20 +539,8 @@ mod x86 {
                 }
             }
         }
-        for (i, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                // SAFETY: row i of the tile has 16 * NV writable floats (caller).
-                unsafe {
-                    let cv = c.add(i * ldc + v * 16);
-                    let out = if accumulate {
-                        _mm512_add_ps(_mm512_loadu_ps(cv), x)
-                    } else {
-                        x
-                    };
-                    _mm512_storeu_ps(cv, out);
-                }
-            }
-        }
+        // SAFETY: C holds the tile (caller).
+        unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
     }
 
     /// The AVX2 micro-kernel and its tile.
@@ -433,6 +548,7 @@ mod x86 {
         name: "avx2",
         mr: 6,
         nr: 16,
+        pairs: false,
         run: micro_avx2,
     };
 

@@ -198,6 +198,11 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         }
         DType::F32 => {
             let (rounding, note) = fp32_rounding(crate::cpu::has_avx512_bf16());
+            let micro = if rounding == Rounding::Bf16 {
+                cpu_gemm::micro_for_bf16()
+            } else {
+                micro
+            };
             run_cpu::<f32>(a, b, p, rounding, note, micro.name, threads)
         }
         DType::F16 => run_cpu::<f16>(
@@ -215,7 +220,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             p,
             Rounding::None,
             half_note(DType::Bf16),
-            micro.name,
+            cpu_gemm::micro_for_bf16().name,
             threads,
         ),
         DType::Bool => Err(Error::DTypeMismatch {

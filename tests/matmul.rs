@@ -420,3 +420,37 @@ fn wgpu_views_batches_emulation_and_determinism() {
         "tf32 {coarse} vs {fine}"
     );
 }
+
+#[test]
+fn avx512_bf16_dot_products_serve_bf16_inputs_exactly_accumulated() {
+    if !backends::cpu::has_avx512_bf16()
+        || backends::cpu::get_cpu_capability() != backends::cpu::CpuCapability::Avx512
+    {
+        eprintln!("skipped: no AVX512-BF16 here");
+        return;
+    }
+    let _g = backends::float32_matmul_precision_scoped(backends::Float32MatmulPrecision::Medium);
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    // Odd and even K (pairs padded with zero), tiles cut at every edge.
+    for (m, n, k) in [(1, 1, 1), (7, 65, 7), (63, 129, 385), (13, 70, 1000)] {
+        let (a, b) = (random(m * k), random(k * n));
+        let out = matmul(
+            &tensor::<f32>(&a, &[m, k], Device::Cpu),
+            &tensor::<f32>(&b, &[k, n], Device::Cpu),
+        )
+        .unwrap();
+        // Against the exact product of the bf16-rounded inputs: only accumulation error,
+        // which vdpbf16ps makes a little coarser than f32 FMAs (it rounds its pair sums
+        // and flushes denormals), far below the 4e-3 of rounding the inputs.
+        let want = reference(&through::<bf16>(&a), &through::<bf16>(&b), m, n, k);
+        let err = rel_err(&values::<f32>(&out), &want);
+        eprintln!("{m}x{n}x{k}: {err:e}");
+        assert!(err < 2e-4, "{m}x{n}x{k}: {err}");
+    }
+    let lines = capture.take();
+    assert!(
+        lines.iter().all(|l| l.contains("cpu/avx512_bf16")),
+        "{lines:?}"
+    );
+}
