@@ -1,11 +1,12 @@
 //! Measures this CPU's fp32 FMA throughput: every thread runs independent fused
 //! multiply-add chains in the widest vectors the CPU has (AVX-512, AVX2+FMA, or scalar) and
-//! the sum is printed in GFLOP/s, the ceiling a GEMM or attention kernel can approach.
+//! the best of five runs is printed in GFLOP/s, the ceiling a GEMM or attention kernel can
+//! approach.
 //! `cargo run --release --example fma_peak` (threads: `OMP_NUM_THREADS`, else all CPUs).
 
 use std::time::Instant;
 
-const ITERATIONS: u64 = 50_000_000;
+const ITERATIONS: u64 = 20_000_000;
 
 /// 12 independent chains of 16-lane FMAs: enough to cover the FMA latency on two ports.
 #[cfg(target_arch = "x86_64")]
@@ -74,16 +75,18 @@ fn main() {
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let (lanes, run) = kernel();
-    let start = Instant::now();
-    let sums: Vec<f32> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let seconds = start.elapsed().as_secs_f64();
     let flops = (threads as u64 * ITERATIONS * 12 * lanes * 2) as f64;
-    assert!(sums.iter().all(|s| s.is_finite()));
-    println!(
-        "fp32 FMA peak: {:.1} GFLOP/s ({threads} threads, {lanes} lanes)",
-        flops / seconds / 1e9
-    );
+    // The best of several runs: the first ones also wait for the clock to ramp up.
+    let best = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let sums: Vec<f32> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(sums.iter().all(|s| s.is_finite()));
+            flops / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max);
+    println!("fp32 FMA peak: {best:.1} GFLOP/s ({threads} threads, {lanes} lanes)");
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side by side on this machine, in one run, with the same thread count and medians of
-# several runs: our CPU f32 GEMM against numpy/OpenBLAS, our CPU f32 attention against
+# several runs: our CPU f32 GEMM against numpy/OpenBLAS, our bf16 GEMM against PyTorch's
+# (oneDNN), our CPU f32 attention against
 # PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
 # fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs).
 #
@@ -52,14 +53,22 @@ PY
 ours_sdpa=$(target/release/examples/sdpa_speed "${sdpa_lengths[@]}")
 theirs_sdpa=""
 if [ "$have_torch" = yes ]; then
-  theirs_sdpa=$(.venv/bin/python - "$threads" "${sdpa_lengths[@]}" <<'PY'
+  theirs_sdpa=$(.venv/bin/python - "$threads" "$(IFS=,; echo "${gemm_sizes[*]}")" "${sdpa_lengths[@]}" <<'PY'
 import sys, time
 import torch
 import torch.nn.functional as F
 torch.set_num_threads(int(sys.argv[1]))
+for n in map(int, sys.argv[2].split(",")):
+    a, b = (torch.rand(n, n).to(torch.bfloat16) for _ in range(2))
+    a @ b
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter(); a @ b; times.append(time.perf_counter() - t0)
+    times.sort()
+    print(f"bf16 {n:5}: {2 * n**3 / times[2] / 1e9:8.1f} GFLOP/s")
 for d in (64, 128):
     for causal in (False, True):
-        for l in map(int, sys.argv[2:]):
+        for l in map(int, sys.argv[3:]):
             q, k, v = (torch.rand(2, 16, l, d) * 2 - 1 for _ in range(3))
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             times = []
@@ -90,14 +99,19 @@ row() { # name ours theirs unit-scale (GFLOP/s per unit)
   fi
 }
 for n in "${gemm_sizes[@]}"; do
-  o=$(echo "$ours_gemm" | awk -v n="$n" '$2 == n":" {print $3}')
+  o=$(echo "$ours_gemm" | awk -v n="$n" '$1 == "f32" && $2 == n":" {print $3}')
   t=$(echo "$theirs_gemm" | awk -v n="$n" '$2 == n":" {print $3}')
   row "GEMM f32 n=$n (GFLOP/s)" "$o" "$t" 1
 done
-while read -r line; do
+for n in "${gemm_sizes[@]}"; do
+  o=$(echo "$ours_gemm" | awk -v n="$n" '$1 == "bf16" && $2 == n":" {print $3}')
+  t=$(echo "$theirs_sdpa" | awk -v n="$n" '$1 == "bf16" && $2 == n":" {print $3}')
+  row "GEMM bf16 n=$n (GFLOP/s)" "$o" "$t" 1
+done
+echo "$ours_sdpa" | while read -r line; do
   key=${line%%:*}
   o=$(echo "$line" | awk '{print $(NF-1)}')
   t=$(echo "$theirs_sdpa" | grep -F "$key:" | awk '{print $(NF-1)}' || true)
   row "SDPA ${key#f32 } (TFLOP/s)" "$o" "$t" 1000
-done <<< "$ours_sdpa"
+done
 [ "$have_torch" = yes ] || echo "(torch could not be installed here: the attention rows have no peer)"
