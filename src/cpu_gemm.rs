@@ -273,8 +273,15 @@ unsafe fn tile(
     }
 }
 
+/// Two values rounded to bf16 in one 32-bit word, `lo` in the lower half.
+#[inline(always)]
+fn pair(lo: f32, hi: f32) -> f32 {
+    let bits = |x: f32| u32::from(half::bf16::from_f32(x).to_bits());
+    f32::from_bits(bits(lo) | bits(hi) << 16)
+}
+
 /// One packed slot: a value, or with `pairs` the bf16 values of K indices `k` and `k + 1`
-/// (zero past `k_end`) in one 32-bit word, lower half first.
+/// (zero past `k_end`) in one 32-bit word.
 #[inline(always)]
 fn slot(
     value: impl Fn(usize) -> f32,
@@ -286,14 +293,8 @@ fn slot(
     if !pairs {
         return rounding.apply(value(k));
     }
-    let half = |k: usize| {
-        if k < k_end {
-            u32::from(half::bf16::from_f32(value(k)).to_bits())
-        } else {
-            0
-        }
-    };
-    f32::from_bits(half(k) | half(k + 1) << 16)
+    let hi = if k + 1 < k_end { value(k + 1) } else { 0.0 };
+    pair(value(k), hi)
 }
 
 /// Packs A's rows `[first_panel * mr ..)` (one chunk of panels) for K indices
@@ -317,10 +318,18 @@ fn pack_a<T: Element>(
                 for step in 0..steps {
                     panel[step * mr + i] = 0.0;
                 }
-            } else if a.cs == 1 && !pairs {
+            } else if a.cs == 1 {
                 let start = a.offset + dst * a.rs + pc;
-                for (step, x) in a.data[start..start + kc].iter().enumerate() {
-                    panel[step * mr + i] = rounding.apply(x.to_f32());
+                let row = &a.data[start..start + kc];
+                if pairs {
+                    for (step, two) in row.chunks(2).enumerate() {
+                        let hi = two.get(1).map_or(0.0, |x| x.to_f32());
+                        panel[step * mr + i] = pair(two[0].to_f32(), hi);
+                    }
+                } else {
+                    for (step, x) in row.iter().enumerate() {
+                        panel[step * mr + i] = rounding.apply(x.to_f32());
+                    }
                 }
             } else {
                 for step in 0..steps {
@@ -351,10 +360,22 @@ fn pack_b<T: Element>(
         for step in 0..steps {
             let row = &mut panel[step * nr..(step + 1) * nr];
             let k = pc + step * stride;
-            if b.cs == 1 && col0 + nr <= col_end && !pairs {
+            if b.cs == 1 && col0 + nr <= col_end {
                 let start = b.offset + k * b.rs + col0;
-                for (slot, x) in row.iter_mut().zip(&b.data[start..start + nr]) {
-                    *slot = rounding.apply(x.to_f32());
+                let lo = &b.data[start..start + nr];
+                if !pairs {
+                    for (slot, x) in row.iter_mut().zip(lo) {
+                        *slot = rounding.apply(x.to_f32());
+                    }
+                } else if k + 1 < pc + kc {
+                    let hi = &b.data[start + b.rs..start + b.rs + nr];
+                    for ((slot, x), y) in row.iter_mut().zip(lo).zip(hi) {
+                        *slot = pair(x.to_f32(), y.to_f32());
+                    }
+                } else {
+                    for (slot, x) in row.iter_mut().zip(lo) {
+                        *slot = pair(x.to_f32(), 0.0);
+                    }
                 }
                 continue;
             }
