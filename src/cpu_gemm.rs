@@ -97,11 +97,25 @@ pub(crate) fn micro() -> Micro {
     }
 }
 
+/// The most rows a micro-kernel tile has.
+const MAX_MR: usize = 8;
+
+/// K indices per packed block (a 6 x 384 A panel stays in L1, a 384 x 64 B panel in L2).
 const KC: usize = 384;
+/// Columns of B per packed block.
 const NC: usize = 2048;
 
-/// `A (m x k) · B (k x n)` as a row-major `m x n` f32 matrix.
+/// A panels per row block, at most: small blocks (an 8 x 6 x 384 A block is 72 KiB) give
+/// threads many items to share, so that they finish together.
+const PANELS_PER_BLOCK: usize = 8;
+
+/// Multiply-adds a thread is started for, at least.
+const MIN_WORK_PER_THREAD: usize = 1 << 21;
+
+/// `A (m x k) · B (k x n)` into `c`, a row-major `m x n` f32 matrix.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<T: Element>(
+    c: &mut [f32],
     m: usize,
     n: usize,
     k: usize,
@@ -109,23 +123,36 @@ pub(crate) fn gemm<T: Element>(
     b: MatView<T>,
     rounding: Rounding,
     threads: usize,
-) -> Vec<f32> {
-    if m == 0 || n == 0 || k == 0 {
-        return vec![0f32; m * n];
+) {
+    assert_eq!(c.len(), m * n, "the output holds m x n floats");
+    if k == 0 {
+        c.fill(0.0);
     }
-    // Every element is stored by the first K block: NaN shows any that is not.
-    let mut c = vec![f32::NAN; m * n];
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
+    let threads = threads.clamp(1, (m * n * k).div_ceil(MIN_WORK_PER_THREAD));
+    // Every element is stored by the first K block: NaN shows any that is not. (Filled by
+    // all threads: the first touch of a fresh output also maps its pages.)
+    on_threads(c.chunks_mut(c.len().div_ceil(threads)), |_, part| {
+        part.fill(f32::NAN)
+    });
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
         micro_for_bf16()
     } else {
         micro()
     };
     let (mr, nr) = (mk.mr, mk.nr);
-    let mc = mr * 16;
-    let threads = threads.max(1);
     let a_panels = m.div_ceil(mr);
-    let mut packed_a = vec![0f32; a_panels * mr * KC];
-    let mut packed_b = vec![0f32; NC.min(n).div_ceil(nr) * nr * KC];
+    // Row blocks of A panels: a multiple of the thread count, so that threads end together.
+    let row_blocks = a_panels
+        .div_ceil(PANELS_PER_BLOCK)
+        .next_multiple_of(threads)
+        .min(a_panels);
+    let steps = mk.steps(KC.min(k));
+    let mut packed_a = vec![0f32; a_panels * mr * steps];
+    let mut packed_b = vec![0f32; NC.min(n).div_ceil(nr) * nr * steps];
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let b_panels = nc.div_ceil(nr);
@@ -136,71 +163,87 @@ pub(crate) fn gemm<T: Element>(
             let a_buf = &mut packed_a[..a_panels * mr * ks];
             let b_buf = &mut packed_b[..b_panels * nr * ks];
             let (pairs, a_rows, b_cols) = (mk.pairs, (pc, kc, m), (pc, kc, jc, jc + nc));
-            std::thread::scope(|s| {
-                let per = a_panels.div_ceil(threads);
-                for (t, chunk) in a_buf.chunks_mut(per * mr * ks).enumerate() {
-                    s.spawn(move || pack_a(a, t * per, chunk, mr, a_rows, rounding, pairs));
+            let a_per = a_panels.div_ceil(threads);
+            let b_per = b_panels.div_ceil(threads);
+            let shares = a_buf
+                .chunks_mut(a_per * mr * ks)
+                .map(Some)
+                .chain(std::iter::repeat_with(|| None))
+                .zip(
+                    b_buf
+                        .chunks_mut(b_per * nr * ks)
+                        .map(Some)
+                        .chain(std::iter::repeat_with(|| None)),
+                )
+                .take(threads);
+            on_threads(shares, |t, (a_share, b_share)| {
+                if let Some(out) = a_share {
+                    pack_a(a, t * a_per, out, mr, a_rows, rounding, pairs);
                 }
-                let per = b_panels.div_ceil(threads);
-                for (t, chunk) in b_buf.chunks_mut(per * nr * ks).enumerate() {
-                    s.spawn(move || pack_b(b, t * per, chunk, nr, b_cols, rounding, pairs));
+                if let Some(out) = b_share {
+                    pack_b(b, t * b_per, out, nr, b_cols, rounding, pairs);
                 }
             });
-            // Tiles of C: row blocks of mc by column chunks, taken by threads in turn.
-            let col_chunks = if m.div_ceil(mc) >= threads {
-                1
-            } else {
-                threads.div_ceil(m.div_ceil(mc))
-            };
-            let panels_per_chunk = b_panels.div_ceil(col_chunks);
-            let items: Vec<(usize, usize)> = (0..m.div_ceil(mc))
-                .flat_map(|i| (0..b_panels.div_ceil(panels_per_chunk)).map(move |j| (i, j)))
-                .collect();
+            // Items of C: a row block of A panels by a chunk of B panels, taken by threads
+            // in turn. Column chunks split the work when there are fewer row blocks than
+            // threads.
+            let col_chunks = threads.div_ceil(row_blocks);
+            let items = row_blocks * col_chunks;
             let next = std::sync::atomic::AtomicUsize::new(0);
             let c_ptr = SharedOut(c.as_mut_ptr());
             let (a_buf, b_buf) = (&*a_buf, &*b_buf);
-            std::thread::scope(|s| {
-                for _ in 0..threads.min(items.len()) {
-                    s.spawn(|| {
-                        while let Some(&(ib, jb)) =
-                            items.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-                        {
-                            let rows = ib * mc..(ib * mc + mc).min(m);
-                            let panels =
-                                jb * panels_per_chunk..((jb + 1) * panels_per_chunk).min(b_panels);
-                            for jp in panels {
-                                let b_panel = &b_buf[jp * nr * ks..(jp + 1) * nr * ks];
-                                let col0 = jc + jp * nr;
-                                let cols = nr.min(n - col0);
-                                for ip in (rows.start / mr)..rows.end.div_ceil(mr) {
-                                    let a_panel = &a_buf[ip * mr * ks..(ip + 1) * mr * ks];
-                                    let row0 = ip * mr;
-                                    let rows_here = mr.min(m - row0);
-                                    // SAFETY: every (row block, column chunk) item is taken by one
-                                    // thread, so the tiles written here are disjoint; the tile lies
-                                    // inside the m x n buffer (rows_here and cols are clipped).
-                                    unsafe {
-                                        tile(
-                                            mk,
-                                            ks,
-                                            a_panel,
-                                            b_panel,
-                                            c_ptr.get().add(row0 * n + col0),
-                                            n,
-                                            rows_here,
-                                            cols,
-                                            pc > 0,
-                                        )
-                                    };
-                                }
-                            }
-                        }
-                    });
+            let worker = |_, ()| loop {
+                let item = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if item >= items {
+                    break;
                 }
-            });
+                let (ib, jb) = (item / col_chunks, item % col_chunks);
+                let a_range = ib * a_panels / row_blocks..(ib + 1) * a_panels / row_blocks;
+                let b_range = jb * b_panels / col_chunks..(jb + 1) * b_panels / col_chunks;
+                for jp in b_range {
+                    let b_panel = &b_buf[jp * nr * ks..(jp + 1) * nr * ks];
+                    let col0 = jc + jp * nr;
+                    let cols = nr.min(n - col0);
+                    for ip in a_range.clone() {
+                        let a_panel = &a_buf[ip * mr * ks..(ip + 1) * mr * ks];
+                        let row0 = ip * mr;
+                        // SAFETY: every item is taken by one thread and items cover disjoint
+                        // tiles; the tile lies inside the m x n output (rows and cols are
+                        // clipped).
+                        unsafe {
+                            tile(
+                                mk,
+                                ks,
+                                a_panel,
+                                b_panel,
+                                c_ptr.get().add(row0 * n + col0),
+                                n,
+                                mr.min(m - row0),
+                                cols,
+                                pc > 0,
+                            )
+                        };
+                    }
+                }
+            };
+            on_threads(std::iter::repeat_n((), threads.min(items)), worker);
         }
     }
-    c
+}
+
+/// Runs `work(index, share)` for each share, on scoped threads and the calling thread (which
+/// takes the last share), returning when all are done.
+fn on_threads<S: Send>(shares: impl Iterator<Item = S>, work: impl Fn(usize, S) + Sync) {
+    let mut shares: Vec<S> = shares.collect();
+    let Some(last) = shares.pop() else { return };
+    let last_index = shares.len();
+    let work = &work;
+    std::thread::scope(|s| {
+        for (t, share) in shares.into_iter().enumerate() {
+            s.spawn(move || work(t, share));
+        }
+        work(last_index, last);
+    });
 }
 
 /// The output pointer, shared by threads that write disjoint tiles.
@@ -313,29 +356,35 @@ fn pack_a<T: Element>(
     let steps = kc.div_ceil(stride);
     for (p, panel) in out.chunks_mut(mr * steps).enumerate() {
         let row0 = (first_panel + p) * mr;
-        for (i, dst) in (0..mr).map(|i| (i, row0 + i)) {
-            if dst >= m {
-                for step in 0..steps {
-                    panel[step * mr + i] = 0.0;
+        if a.cs == 1 && row0 + mr <= m && mr <= MAX_MR {
+            // Contiguous rows: read them side by side and write the panel in order.
+            let mut rows: [&[T]; MAX_MR] = [&[]; MAX_MR];
+            for (i, row) in rows[..mr].iter_mut().enumerate() {
+                let start = a.offset + (row0 + i) * a.rs + pc;
+                *row = &a.data[start..start + kc];
+            }
+            let rows = &rows[..mr];
+            for (step, dst) in panel.chunks_exact_mut(mr).enumerate() {
+                let k = step * stride;
+                for (slot, row) in dst.iter_mut().zip(rows) {
+                    *slot = if pairs {
+                        pair(row[k].to_f32(), row.get(k + 1).map_or(0.0, |x| x.to_f32()))
+                    } else {
+                        rounding.apply(row[k].to_f32())
+                    };
                 }
-            } else if a.cs == 1 {
-                let start = a.offset + dst * a.rs + pc;
-                let row = &a.data[start..start + kc];
-                if pairs {
-                    for (step, two) in row.chunks(2).enumerate() {
-                        let hi = two.get(1).map_or(0.0, |x| x.to_f32());
-                        panel[step * mr + i] = pair(two[0].to_f32(), hi);
-                    }
+            }
+            continue;
+        }
+        for (step, dst) in panel.chunks_exact_mut(mr).enumerate() {
+            let k = pc + step * stride;
+            for (i, slot) in dst.iter_mut().enumerate() {
+                let row = row0 + i;
+                *slot = if row < m {
+                    self::slot(|k| a.at(row, k), k, pc + kc, rounding, pairs)
                 } else {
-                    for (step, x) in row.iter().enumerate() {
-                        panel[step * mr + i] = rounding.apply(x.to_f32());
-                    }
-                }
-            } else {
-                for step in 0..steps {
-                    let k = pc + step * stride;
-                    panel[step * mr + i] = slot(|k| a.at(dst, k), k, pc + kc, rounding, pairs);
-                }
+                    0.0
+                };
             }
         }
     }
@@ -481,6 +530,8 @@ mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
+        // SAFETY: C holds the tile (caller).
+        unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for step in 0..steps {
             // SAFETY: step < steps, so the reads stay inside the panels (caller). A pair
@@ -500,6 +551,21 @@ mod x86 {
         }
         // SAFETY: C holds the tile (caller).
         unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
+    }
+
+    /// Asks for the C tile's cache lines ahead of the K loop, so that storing (or adding to)
+    /// it at the end does not wait on memory.
+    ///
+    /// # Safety
+    /// None beyond the micro-kernels': prefetches do not fault, the addresses are C's.
+    #[inline(always)]
+    unsafe fn prefetch_tile(c: *const f32, ldc: usize, rows: usize, cols: usize) {
+        for i in 0..rows {
+            for col in (0..cols).step_by(16) {
+                // SAFETY: a prefetch of an address inside the caller's tile.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + col).cast()) };
+            }
+        }
     }
 
     /// Stores (or adds) the accumulators into C.
@@ -544,6 +610,8 @@ mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
+        // SAFETY: C holds the tile (caller).
+        unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for step in 0..kc {
             // SAFETY: step < kc, so the reads stay inside the panels (caller).
@@ -587,6 +655,8 @@ mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
+        // SAFETY: C holds the tile (caller).
+        unsafe { prefetch_tile(c, ldc, 6, 16) };
         let mut acc = [[_mm256_setzero_ps(); 2]; 6];
         for step in 0..kc {
             // SAFETY: step < kc, so the reads stay inside the panels (caller).
@@ -616,18 +686,18 @@ mod x86 {
     }
 }
 
-/// `A · B` in f64 (the reference path), row-major `m x n`.
+/// `A · B` in f64 (the reference path) into `c`, a zeroed row-major `m x n` matrix.
 pub(crate) fn gemm_f64(
+    c: &mut [f64],
     m: usize,
     n: usize,
     k: usize,
     a: MatView<f64>,
     b: MatView<f64>,
     threads: usize,
-) -> Vec<f64> {
-    let mut c = vec![0f64; m * n];
+) {
     if n == 0 {
-        return c;
+        return;
     }
     let rows_per = m.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
@@ -645,7 +715,6 @@ pub(crate) fn gemm_f64(
             });
         }
     });
-    c
 }
 
 #[cfg(test)]

@@ -190,9 +190,14 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                 precision: "f64".into(),
             };
             trace::kernel(describe, || {
-                let out = each_batch(p, a.cpu_data::<f64>(), b.cpu_data::<f64>(), |va, vb| {
-                    cpu_gemm::gemm_f64(p.m, p.n, p.k, va, vb, threads)
-                });
+                let mut out = vec![0f64; p.batch * p.m * p.n];
+                each_batch(
+                    p,
+                    a.cpu_data::<f64>(),
+                    b.cpu_data::<f64>(),
+                    &mut out,
+                    |va, vb, c| cpu_gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
+                );
                 Tensor::from_vec(out, &p.out_shape, Device::Cpu)
             })
         }
@@ -248,29 +253,34 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
-        let out: Vec<T> = each_batch(p, a.cpu_data::<T>(), b.cpu_data::<T>(), |va, vb| {
-            cpu_gemm::gemm(p.m, p.n, p.k, va, vb, rounding, threads)
-                .into_iter()
-                .map(T::from_f32)
-                .collect()
-        });
+        let mut out = vec![0f32; p.batch * p.m * p.n];
+        each_batch(
+            p,
+            a.cpu_data::<T>(),
+            b.cpu_data::<T>(),
+            &mut out,
+            |va, vb, c| cpu_gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
+        );
+        // In place when T is f32 (same size and alignment): no copy.
+        let out: Vec<T> = out.into_iter().map(T::from_f32).collect();
         Tensor::from_vec(out, &p.out_shape, Device::Cpu)
     })
 }
 
-/// Runs `product` on every batch's views and concatenates the results.
+/// Runs `product` on every batch's views, writing each batch's `m x n` result into its
+/// part of `out`.
 fn each_batch<T: Element, O>(
     p: &Problem,
     a: Option<&[T]>,
     b: Option<&[T]>,
-    product: impl Fn(MatView<T>, MatView<T>) -> Vec<O>,
-) -> Vec<O> {
+    out: &mut [O],
+    product: impl Fn(MatView<T>, MatView<T>, &mut [O]),
+) {
     let (a, b) = (
         a.expect("a CPU tensor has host data"),
         b.expect("a CPU tensor has host data"),
     );
-    let mut out = Vec::with_capacity(p.batch * p.m * p.n);
-    for i in 0..p.batch {
+    for (i, c) in out.chunks_mut((p.m * p.n).max(1)).take(p.batch).enumerate() {
         let va = MatView {
             data: a,
             offset: i * p.a[0],
@@ -283,9 +293,8 @@ fn each_batch<T: Element, O>(
             rs: p.b[1],
             cs: p.b[2],
         };
-        out.extend(product(va, vb));
+        product(va, vb, c);
     }
-    out
 }
 
 fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {

@@ -75,6 +75,16 @@ fn cpu_f32_matches_the_f64_reference() {
 }
 
 #[test]
+fn cpu_f32_spans_several_packed_blocks_and_threads() {
+    // More than one packed block of B's columns (2048) and of K (384), on two threads.
+    let _p = ieee();
+    let _t = backends::NUM_THREADS.guard_scoped(2);
+    let size = (97, 2100, 400);
+    let err = error_of::<f32>(Device::Cpu, size);
+    assert!(err < 1e-5, "{size:?}: {err}");
+}
+
+#[test]
 fn cpu_half_types_accumulate_in_f32() {
     for size in SIZES {
         let err = error_of::<bf16>(Device::Cpu, size);
