@@ -388,6 +388,16 @@ impl Tensor {
     }
 
     /// The host data and view of a CPU tensor of element type `T`.
+    /// The elements in row-major order, without a copy, where the tensor is a contiguous
+    /// CPU tensor of type `T`.
+    pub(crate) fn contiguous_host<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype || !self.is_contiguous() {
+            return None;
+        }
+        self.cpu_data::<T>()
+            .map(|data| &data[self.offset..self.offset + self.numel()])
+    }
+
     pub(crate) fn cpu_data<T: Element>(&self) -> Option<&[T]> {
         match &*self.storage {
             Storage::Cpu(data) => T::unwrap(data),
