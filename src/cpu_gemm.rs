@@ -323,6 +323,23 @@ fn pair(lo: f32, hi: f32) -> f32 {
     f32::from_bits(bits(lo) | bits(hi) << 16)
 }
 
+/// `x` as bf16 bits: the bits themselves for bf16 data (no round trip through f32), else
+/// `x` rounded to bf16.
+#[inline(always)]
+fn bf16_bits<T: Element>(x: T) -> u32 {
+    if T::DTYPE == DType::Bf16 {
+        u32::from(bytemuck::cast_slice::<T, u16>(std::slice::from_ref(&x))[0])
+    } else {
+        u32::from(half::bf16::from_f32(x.to_f32()).to_bits())
+    }
+}
+
+/// As [`pair`], from elements (`hi` absent past the last K index).
+#[inline(always)]
+fn pair_of<T: Element>(lo: T, hi: Option<T>) -> f32 {
+    f32::from_bits(bf16_bits(lo) | hi.map_or(0, bf16_bits) << 16)
+}
+
 /// One packed slot: a value, or with `pairs` the bf16 values of K indices `k` and `k + 1`
 /// (zero past `k_end`) in one 32-bit word.
 #[inline(always)]
@@ -368,7 +385,7 @@ fn pack_a<T: Element>(
                 let k = step * stride;
                 for (slot, row) in dst.iter_mut().zip(rows) {
                     *slot = if pairs {
-                        pair(row[k].to_f32(), row.get(k + 1).map_or(0.0, |x| x.to_f32()))
+                        pair_of(row[k], row.get(k + 1).copied())
                     } else {
                         rounding.apply(row[k].to_f32())
                     };
@@ -419,11 +436,11 @@ fn pack_b<T: Element>(
                 } else if k + 1 < pc + kc {
                     let hi = &b.data[start + b.rs..start + b.rs + nr];
                     for ((slot, x), y) in row.iter_mut().zip(lo).zip(hi) {
-                        *slot = pair(x.to_f32(), y.to_f32());
+                        *slot = pair_of(*x, Some(*y));
                     }
                 } else {
                     for (slot, x) in row.iter_mut().zip(lo) {
-                        *slot = pair(x.to_f32(), 0.0);
+                        *slot = pair_of(*x, None);
                     }
                 }
                 continue;
