@@ -28,10 +28,13 @@ impl Device {
         }
     }
 
-    /// The fastest device tensors can live on here: a real GPU among the wgpu adapters,
-    /// else the CPU. (CUDA devices are not chosen yet: tensors have no CUDA storage; the
-    /// CUDA kernels are built and loaded by [`crate::cuda::loader`].)
+    /// The fastest device tensors can live on here: CUDA device 0 when this build has CUDA
+    /// and the driver reports a device, else a real GPU among the wgpu adapters, else the
+    /// CPU.
     pub fn best() -> Device {
+        if cfg!(feature = "cuda") && crate::cuda::is_available() {
+            return Device::Cuda(0);
+        }
         crate::adapters::list()
             .iter()
             .position(|a| a.is_gpu())

@@ -139,11 +139,6 @@ impl Buffer {
         })
     }
 
-    /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     /// Copies the buffer's bytes to the host.
     pub(crate) fn download(&self) -> Result<Vec<u8>> {
         let gpu = gpu(self.gpu)?;

@@ -1,7 +1,10 @@
-//! `matmul`: 2-D and batched 3-D matrix products on the CPU and on wgpu, honouring the
-//! precision flags of [`crate::cuda::matmul`].
+//! `matmul`: 2-D and batched 3-D matrix products on the CPU, on wgpu and on CUDA, honouring
+//! the precision flags of [`crate::cuda::matmul`].
 //!
-//! What the flags do here (the verbose trace names it on every call):
+//! On CUDA the flags pick the generated kernel (FFMA, TF32 / bf16 / fp16 tensor cores, fp16
+//! accumulation, split-K partials in f32 or 16 bits) or cuBLAS's compute type and math mode,
+//! as `preferred_blas_library` routes the call (see `matmul/cuda.rs`). On the CPU and wgpu
+//! (the verbose trace names what ran on every call):
 //! - fp32 precision `tf32`: no CPU or wgpu hardware has TF32, so the product stays IEEE fp32
 //!   unless [`EMULATE_REDUCED_PRECISION`] is on, in which case inputs are rounded to TF32.
 //! - fp32 precision `bf16` ("medium"): inputs are rounded to bf16 (f32 accumulate) where
@@ -11,6 +14,11 @@
 //!   effect on these devices.
 //! - every path sums in a fixed order, so results are bit-identical run to run
 //!   (what `use_deterministic_algorithms` asks for).
+
+#[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use half::{bf16, f16};
 
@@ -166,9 +174,12 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match a.device() {
         Device::Cpu => cpu(a, b, &p),
         Device::Wgpu(index) => wgpu(index, a, b, &p),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p),
+        #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => Err(Error::Unavailable {
             what: "CUDA matmul",
-            why: "CUDA tensors are not supported yet; run on Device::Cpu or Device::Wgpu".into(),
+            why: "this build has no CUDA support: build with the `cuda` feature".into(),
         }),
     }
 }

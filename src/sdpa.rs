@@ -12,6 +12,9 @@
 //! on the math path, as PyTorch's math does; the fused kernels give 0 for it, with a
 //! log-sum-exp of -inf.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use std::borrow::Cow;
 
 use half::{bf16, f16};
@@ -173,27 +176,35 @@ pub fn sdpa(
                 wgpu_fused(index, backend, pin.and_then(|p| p.entry()), &job)
             })
         }
-        (Device::Wgpu(_), SdpBackend::Math) => trace::kernel(describe("math on the host"), || {
-            let host = |t: &Tensor| t.to_device(Device::Cpu);
-            let mask = options.attn_mask.map(host).transpose()?;
-            let host_options = SdpaOptions {
-                attn_mask: mask.as_ref(),
-                ..*options
-            };
-            let (q, k, v) = (host(query)?, host(key)?, host(value)?);
-            let host_job = Job {
-                q: &q,
-                k: &k,
-                v: &v,
-                o: &host_options,
-                ..job.clone()
-            };
-            Ok(SdpaOutput {
-                output: cpu_math(&host_job)?.to_device(query.device())?,
-                lse: None,
-                backend,
+        #[cfg(feature = "cuda")]
+        (Device::Cuda(ordinal), SdpBackend::Flash | SdpBackend::MemEfficient) => {
+            trace::kernel(describe(&cuda::note(backend, query.dtype())), || {
+                cuda::fused(ordinal, backend, pin.and_then(|p| p.entry()), &job)
             })
-        }),
+        }
+        (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Math) => {
+            trace::kernel(describe("math on the host"), || {
+                let host = |t: &Tensor| t.to_device(Device::Cpu);
+                let mask = options.attn_mask.map(host).transpose()?;
+                let host_options = SdpaOptions {
+                    attn_mask: mask.as_ref(),
+                    ..*options
+                };
+                let (q, k, v) = (host(query)?, host(key)?, host(value)?);
+                let host_job = Job {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    o: &host_options,
+                    ..job.clone()
+                };
+                Ok(SdpaOutput {
+                    output: cpu_math(&host_job)?.to_device(query.device())?,
+                    lse: None,
+                    backend,
+                })
+            })
+        }
         (device, backend) => Err(Error::Unavailable {
             what: "this SDPA backend here",
             why: format!("{backend} has no kernel for {device} tensors in this build"),

@@ -95,6 +95,45 @@ pub enum CpuData {
 pub(crate) enum Storage {
     Cpu(CpuData),
     Wgpu(crate::gpu::Buffer),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::memory::Buffer),
+}
+
+impl Storage {
+    /// Device memory holding `bytes` of `dtype` for `device`, or host memory for the CPU
+    /// (`host` builds it from the typed values).
+    fn upload(
+        device: Device,
+        dtype: DType,
+        bytes: &[u8],
+        host: impl FnOnce() -> CpuData,
+    ) -> Result<Storage> {
+        Ok(match device {
+            Device::Cpu => Storage::Cpu(host()),
+            Device::Wgpu(index) => Storage::Wgpu(crate::gpu::Buffer::upload(index, dtype, bytes)?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => {
+                Storage::Cuda(crate::cuda::memory::Buffer::upload(ordinal, bytes)?)
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                return Err(Error::Unavailable {
+                    what: "CUDA tensors",
+                    why: "this build has no CUDA support: build with the `cuda` feature".into(),
+                });
+            }
+        })
+    }
+
+    /// The bytes of device memory, copied to the host (`None` for host memory).
+    fn download(&self) -> Result<Option<Vec<u8>>> {
+        Ok(match self {
+            Storage::Cpu(_) => None,
+            Storage::Wgpu(buffer) => Some(buffer.download()?),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(buffer) => Some(buffer.download()?),
+        })
+    }
 }
 
 /// A strided view of a typed buffer on a device.
@@ -130,24 +169,12 @@ impl Tensor {
                 ),
             });
         }
-        let storage = match device {
-            Device::Cpu => Storage::Cpu(T::wrap(data)),
-            Device::Wgpu(index) => Storage::Wgpu(crate::gpu::Buffer::upload(
-                index,
-                T::DTYPE,
-                bytemuck::cast_slice(&data),
-            )?),
-            Device::Cuda(_) => return Err(Self::no_cuda_tensors()),
+        let bytes: Vec<u8> = match device {
+            Device::Cpu => Vec::new(),
+            _ => bytemuck::cast_slice(&data).to_vec(),
         };
+        let storage = Storage::upload(device, T::DTYPE, &bytes, || T::wrap(data))?;
         Ok(Tensor::from_storage(storage, T::DTYPE, device, shape))
-    }
-
-    fn no_cuda_tensors() -> Error {
-        Error::Unavailable {
-            what: "CUDA tensors",
-            why: "this build runs CUDA kernels but has no CUDA tensor storage yet; use Device::Cpu or Device::Wgpu"
-                .into(),
-        }
     }
 
     pub(crate) fn from_storage(
@@ -179,13 +206,8 @@ impl Tensor {
             });
         }
         let bytes: Vec<u8> = values.iter().map(|&b| u8::from(b)).collect();
-        let storage = match device {
-            Device::Cpu => Storage::Cpu(CpuData::Bool(bytes)),
-            Device::Wgpu(index) => {
-                Storage::Wgpu(crate::gpu::Buffer::upload(index, DType::Bool, &bytes)?)
-            }
-            Device::Cuda(_) => return Err(Self::no_cuda_tensors()),
-        };
+        let storage =
+            Storage::upload(device, DType::Bool, &bytes.clone(), || CpuData::Bool(bytes))?;
         Ok(Tensor::from_storage(storage, DType::Bool, device, shape))
     }
 
@@ -198,10 +220,10 @@ impl Tensor {
                 got: self.dtype,
             });
         }
-        let bytes = match &*self.storage {
-            Storage::Cpu(CpuData::Bool(bytes)) => self.gather(bytes),
-            Storage::Cpu(_) => unreachable!("a Bool tensor holds bytes"),
-            Storage::Wgpu(buffer) => self.gather(&buffer.download()?),
+        let bytes = match (&*self.storage, self.storage.download()?) {
+            (_, Some(device_bytes)) => self.gather(&device_bytes),
+            (Storage::Cpu(CpuData::Bool(bytes)), None) => self.gather(bytes),
+            _ => unreachable!("a Bool tensor holds bytes"),
         };
         Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
@@ -282,15 +304,18 @@ impl Tensor {
                 got: T::DTYPE,
             });
         }
-        match &*self.storage {
-            Storage::Cpu(data) => {
-                let data = T::unwrap(data).expect("storage matches the tensor's dtype");
+        match self.storage.download()? {
+            None => {
+                let data = self
+                    .cpu_data::<T>()
+                    .expect("storage matches the tensor's dtype");
                 Ok(self.gather(data))
             }
-            Storage::Wgpu(buffer) => {
-                let bytes = buffer.download()?;
-                let data: &[T] = bytemuck::cast_slice(&bytes);
-                Ok(self.gather(&data[..data.len().min(buffer.len() / std::mem::size_of::<T>())]))
+            Some(bytes) => {
+                // Device buffers may be padded past the elements: read whole elements only.
+                let whole = bytes.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>();
+                let data: Vec<T> = bytemuck::pod_collect_to_vec(&bytes[..whole]);
+                Ok(self.gather(&data))
             }
         }
     }
@@ -387,7 +412,6 @@ impl Tensor {
         }
     }
 
-    /// The host data and view of a CPU tensor of element type `T`.
     /// The elements in row-major order, without a copy, where the tensor is a contiguous
     /// CPU tensor of type `T`.
     pub(crate) fn contiguous_host<T: Element>(&self) -> Option<&[T]> {
@@ -398,10 +422,12 @@ impl Tensor {
             .map(|data| &data[self.offset..self.offset + self.numel()])
     }
 
+    /// The host data of a CPU tensor of element type `T` (the whole buffer: index it
+    /// through the view's offset and strides).
     pub(crate) fn cpu_data<T: Element>(&self) -> Option<&[T]> {
         match &*self.storage {
             Storage::Cpu(data) => T::unwrap(data),
-            Storage::Wgpu(_) => None,
+            _ => None,
         }
     }
 
@@ -409,7 +435,16 @@ impl Tensor {
     pub(crate) fn wgpu_buffer(&self) -> Option<&crate::gpu::Buffer> {
         match &*self.storage {
             Storage::Wgpu(buffer) => Some(buffer),
-            Storage::Cpu(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The device buffer of a CUDA tensor.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda_buffer(&self) -> Option<&crate::cuda::memory::Buffer> {
+        match &*self.storage {
+            Storage::Cuda(buffer) => Some(buffer),
+            _ => None,
         }
     }
 }

@@ -1,11 +1,19 @@
 //! On a machine with an NVIDIA GPU: every generated CUDA module loads into the driver for
-//! device 0 (embedded PTX or NVRTC at run time) and exposes each variant's entry point.
-//! Without one, each test prints why it was skipped.
+//! device 0 (embedded PTX or NVRTC at run time) and exposes each variant's entry point;
+//! tensors round-trip through device memory; `matmul` (generated kernels under each
+//! precision flag, split-K, cuBLAS) and flash / memory-efficient attention match a float64
+//! reference. Without a GPU, each test prints why it was skipped.
 
 #![cfg(feature = "cuda")]
 
-use backends::cuda;
+mod common;
+
+use backends::attention::SdpBackend;
+use backends::cuda::matmul as flags;
+use backends::cuda::{self, BlasBackend};
 use backends::kernels::{ENTRIES, Family};
+use backends::{DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
+use common::{attention_reference, random, reference, rel_err};
 
 /// Device 0, or `None` after printing why not.
 fn gpu() -> Option<usize> {
@@ -52,4 +60,222 @@ fn the_device_reports_its_capability_and_name() {
     let (major, _) = cuda::get_device_capability(device).expect("a capability");
     assert!(major >= 5, "sm_{major}x is older than any CUDA 12 target");
     assert!(!cuda::get_device_name(device).unwrap_or_default().is_empty());
+}
+
+/// `values` in `dtype` on `device`, and the values as that dtype holds them.
+fn tensor(values: &[f64], shape: &[usize], dtype: DType, device: Device) -> (Tensor, Vec<f64>) {
+    let t = Tensor::from_f64(values, shape, dtype, device).unwrap();
+    let held = Tensor::from_f64(values, shape, dtype, Device::Cpu)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    (t, held)
+}
+
+#[test]
+fn tensors_round_trip_through_device_memory() {
+    let Some(d) = gpu() else { return };
+    let x = random(1200);
+    for dtype in [DType::F32, DType::F16, DType::Bf16, DType::F64] {
+        let (t, held) = tensor(&x, &[30, 40], dtype, Device::Cuda(d));
+        assert_eq!(t.device(), Device::Cuda(d));
+        assert_eq!(t.to_f64().unwrap(), held, "{dtype}");
+        // A transposed view downloads in the view's order.
+        let tt = t.t().unwrap().to_f64().unwrap();
+        assert_eq!(tt[1], held[40], "{dtype}");
+    }
+    let bools: Vec<bool> = (0..77).map(|i| i % 3 == 0).collect();
+    let t = Tensor::from_bools(&bools, &[7, 11], Device::Cuda(d)).unwrap();
+    assert_eq!(t.to_bools().unwrap(), bools);
+    let empty = Tensor::from_vec(Vec::<f32>::new(), &[0, 4], Device::Cuda(d)).unwrap();
+    assert!(empty.to_vec::<f32>().unwrap().is_empty());
+}
+
+/// The relative error of `matmul` on device `d` for `(m, n, k)` in `dtype`.
+fn matmul_error(d: usize, dtype: DType, (m, n, k): (usize, usize, usize)) -> f64 {
+    let (a, a_held) = tensor(&random(m * k), &[m, k], dtype, Device::Cuda(d));
+    let (b, b_held) = tensor(&random(k * n), &[k, n], dtype, Device::Cuda(d));
+    let c = matmul(&a, &b).unwrap();
+    assert_eq!(c.device(), Device::Cuda(d));
+    let got = c.to_f64().unwrap();
+    assert!(got.iter().all(|x| x.is_finite()), "unwritten outputs");
+    rel_err(&got, &reference(&a_held, &b_held, m, n, k))
+}
+
+const SIZES: [(usize, usize, usize); 5] = [
+    (1, 1, 1),
+    (7, 7, 7),
+    (63, 129, 65),
+    (129, 1000, 7),
+    (200, 300, 1000),
+];
+
+#[test]
+fn generated_gemm_kernels_match_the_f64_reference_under_each_flag() {
+    let Some(d) = gpu() else { return };
+    let _b = cuda::PREFERRED_BLAS.guard_scoped(BlasBackend::Default);
+    let mut ieee_err = 0.0;
+    for size in SIZES {
+        let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+        ieee_err = matmul_error(d, DType::F32, size);
+        assert!(ieee_err < 1e-5, "ieee {size:?}: {ieee_err}");
+        let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+        let tf32 = matmul_error(d, DType::F32, size);
+        assert!(tf32 < 1e-3, "tf32 {size:?}: {tf32}");
+        let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Bf16);
+        let medium = matmul_error(d, DType::F32, size);
+        assert!(medium < 1e-2, "bf16 {size:?}: {medium}");
+        for dtype in [DType::F16, DType::Bf16] {
+            let err = matmul_error(d, dtype, size);
+            assert!(err < 1e-2, "{dtype} {size:?}: {err}");
+        }
+    }
+    // TF32 keeps 10 mantissa bits: on the largest size it is measurably coarser than IEEE.
+    let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+    let tf32 = matmul_error(d, DType::F32, SIZES[4]);
+    assert!(tf32 > 10.0 * ieee_err, "tf32 {tf32} vs ieee {ieee_err}");
+}
+
+#[test]
+fn split_k_reduction_follows_the_reduced_precision_flags_and_is_deterministic() {
+    let Some(d) = gpu() else { return };
+    let _b = cuda::PREFERRED_BLAS.guard_scoped(BlasBackend::Default);
+    // One output tile, a deep K: the product is split over K.
+    let (m, n, k) = (64, 64, 8192);
+    let (a, a_held) = tensor(&random(m * k), &[m, k], DType::Bf16, Device::Cuda(d));
+    let (b, b_held) = tensor(&random(k * n), &[k, n], DType::Bf16, Device::Cuda(d));
+    let want = reference(&a_held, &b_held, m, n, k);
+    let run = |reduced: bool| {
+        let _r = flags::ALLOW_BF16_REDUCED_PRECISION_REDUCTION.guard_scoped(reduced);
+        let capture = backends::TraceCapture::start();
+        let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let got = matmul(&a, &b).unwrap().to_f64().unwrap();
+        let lines = capture.take();
+        assert!(
+            lines.iter().any(|l| l.contains("split-K")),
+            "the trace names the split: {lines:?}"
+        );
+        got
+    };
+    let (exact, reduced) = (run(false), run(true));
+    let (exact_err, reduced_err) = (rel_err(&exact, &want), rel_err(&reduced, &want));
+    assert!(
+        reduced_err < 1e-2 && exact_err < 1e-2,
+        "{exact_err} {reduced_err}"
+    );
+    assert!(
+        exact_err <= reduced_err * 1.000_001,
+        "f32 partials {exact_err} vs bf16 partials {reduced_err}"
+    );
+    assert_eq!(run(false), exact, "split-K sums in a fixed order");
+}
+
+#[test]
+fn cublas_serves_when_preferred_and_loadable() {
+    let Some(d) = gpu() else { return };
+    let _b = cuda::PREFERRED_BLAS.guard_scoped(BlasBackend::Cublas);
+    let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+    let capture = backends::TraceCapture::start();
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let err = matmul_error(d, DType::F32, (129, 200, 300));
+    let lines = capture.take();
+    if !lines.iter().any(|l| l.contains("/cublas")) {
+        eprintln!("skipped: cuBLAS did not serve ({lines:?})");
+        return;
+    }
+    assert!(err < 1e-5, "{err}");
+    // Transposed operand views are read through cuBLAS's transpose operations.
+    let (a, a_held) = tensor(&random(40 * 30), &[40, 30], DType::F32, Device::Cuda(d));
+    let c = matmul(&a.t().unwrap(), &a).unwrap().to_f64().unwrap();
+    let at: Vec<f64> = (0..30 * 40)
+        .map(|i| a_held[(i % 40) * 30 + i / 40])
+        .collect();
+    assert!(rel_err(&c, &reference(&at, &a_held, 30, 30, 40)) < 1e-5);
+    for dtype in [DType::F16, DType::Bf16] {
+        let err = matmul_error(d, dtype, (129, 200, 300));
+        assert!(err < 1e-2, "{dtype}: {err}");
+    }
+}
+
+/// Attention on device `d` against the f64 reference: (relative error, backend).
+#[allow(clippy::too_many_arguments)]
+fn attention_error(
+    d: usize,
+    dtype: DType,
+    [b, h, hk, lq, lk, dim]: [usize; 6],
+    causal: bool,
+    mask: Option<DType>,
+) -> (f64, SdpBackend) {
+    let device = Device::Cuda(d);
+    let (q, qh) = tensor(&random(b * h * lq * dim), &[b, h, lq, dim], dtype, device);
+    let (k, kh) = tensor(&random(b * hk * lk * dim), &[b, hk, lk, dim], dtype, device);
+    let (v, vh) = tensor(&random(b * hk * lk * dim), &[b, hk, lk, dim], dtype, device);
+    let keep: Vec<bool> = (0..lq * lk).map(|e| e % 3 != 1 || e % lk == 0).collect();
+    let (additive, additive_held) = tensor(&random(lq * lk), &[lq, lk], dtype, device);
+    let mask_tensor = match mask {
+        Some(DType::Bool) => Some(Tensor::from_bools(&keep, &[lq, lk], device).unwrap()),
+        Some(_) => Some(additive),
+        None => None,
+    };
+    let options = SdpaOptions {
+        attn_mask: mask_tensor.as_ref(),
+        is_causal: causal,
+        enable_gqa: h != hk,
+        ..Default::default()
+    };
+    let out = sdpa(&q, &k, &v, &options).unwrap();
+    let bias = |_: usize, _: usize, i: usize, j: usize| match mask {
+        Some(DType::Bool) if !keep[i * lk + j] => f64::NEG_INFINITY,
+        Some(DType::Bool) | None => 0.0,
+        Some(_) => additive_held[i * lk + j],
+    };
+    let want = attention_reference(
+        &qh,
+        &kh,
+        &vh,
+        [b, h, hk, lq, lk, dim, dim],
+        1.0 / (dim as f64).sqrt(),
+        causal,
+        &bias,
+    );
+    let got = out.output.to_f64().unwrap();
+    assert!(got.iter().all(|x| x.is_finite()), "unwritten outputs");
+    (rel_err(&got, &want), out.backend)
+}
+
+#[test]
+fn flash_attention_matches_the_reference() {
+    let Some(d) = gpu() else { return };
+    for dtype in [DType::Bf16, DType::F16] {
+        for dims in [
+            [2, 3, 3, 17, 17, 64],
+            [1, 4, 2, 128, 128, 128],
+            [1, 2, 2, 333, 333, 64],
+            [1, 2, 2, 64, 64, 32],
+        ] {
+            for causal in [false, true] {
+                let (err, backend) = attention_error(d, dtype, dims, causal, None);
+                assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
+                assert!(err < 1e-2, "{dtype} {dims:?} causal={causal}: {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn memory_efficient_attention_matches_the_reference() {
+    let Some(d) = gpu() else { return };
+    let _f = cuda::sdp::FLASH_SDP.guard_scoped(false);
+    for (dtype, bound) in [(DType::F32, 2e-5), (DType::Bf16, 1e-2)] {
+        for (dims, causal, mask) in [
+            ([2, 3, 3, 17, 17, 64], false, None),
+            ([1, 2, 2, 33, 90, 128], false, Some(DType::Bool)),
+            ([1, 2, 2, 40, 40, 64], false, Some(dtype)),
+            ([1, 2, 2, 20, 50, 64], true, None),
+        ] {
+            let (err, backend) = attention_error(d, dtype, dims, causal, mask);
+            assert_eq!(backend, SdpBackend::MemEfficient, "{dims:?}");
+            assert!(err < bound, "{dtype} {dims:?} {mask:?}: {err}");
+        }
+    }
 }

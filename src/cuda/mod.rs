@@ -9,6 +9,8 @@ mod driver;
 #[cfg(feature = "cuda")]
 pub mod loader;
 pub mod matmul;
+#[cfg(feature = "cuda")]
+pub(crate) mod memory;
 pub mod sdp;
 
 pub use crate::attention::{
