@@ -1,4 +1,5 @@
-//! GEMM throughput per device and dtype, and TF32-emulated vs IEEE on wgpu. Each
+//! GEMM throughput per device and dtype: the CPU kernels, wgpu (TF32-emulated vs IEEE) and,
+//! on a CUDA device, the generated kernels against cuBLAS under each precision flag. Each
 //! benchmark's name holds the device, dtype and code path; throughput is in elements of C
 //! per second with the FLOP count in the name's size (2·n³ per call), so criterion's
 //! "elem/s" times 2n reads as FLOP/s.
@@ -8,7 +9,8 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::{bf16, f16};
 
-use backends::cuda::matmul::FP32_PRECISION;
+use backends::cuda::matmul::{ALLOW_BF16_REDUCED_PRECISION_REDUCTION, FP32_PRECISION};
+use backends::cuda::{BlasBackend, PREFERRED_BLAS};
 use backends::{Device, Element, Fp32Precision, Tensor, matmul};
 
 fn square<T: Element>(n: usize, device: Device) -> Option<Tensor> {
@@ -27,7 +29,13 @@ fn bench_dtype<T: Element>(c: &mut Criterion, device: Device, sizes: &[usize], p
         };
         group.throughput(Throughput::Elements((2 * n * n * n) as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |bench, _| {
-            bench.iter(|| matmul(&a, &b).expect("matmul runs"));
+            bench.iter(|| {
+                let c = matmul(&a, &b).expect("matmul runs");
+                if let Device::Cuda(i) = device {
+                    backends::cuda::synchronize(i).expect("the device finishes");
+                }
+                c
+            });
         });
     }
     group.finish();
@@ -52,6 +60,27 @@ fn gemm(c: &mut Criterion) {
             &cpu_sizes[..4],
             &format!("{cpu_path}-bf16-inputs"),
         );
+    }
+    for index in 0..backends::cuda::device_count() {
+        // Generated kernels (preferred_blas_library = default) against cuBLAS, per precision.
+        let device = Device::Cuda(index);
+        let gpu_sizes = [256, 1024, 2048, 4096, 8192];
+        for library in [BlasBackend::Default, BlasBackend::Cublas] {
+            let _library = PREFERRED_BLAS.guard(library);
+            let path = if library == BlasBackend::Default {
+                "generated"
+            } else {
+                "cublas"
+            };
+            bench_dtype::<f32>(c, device, &gpu_sizes, &format!("{path}-ieee"));
+            bench_dtype::<bf16>(c, device, &gpu_sizes, path);
+            bench_dtype::<f16>(c, device, &gpu_sizes, path);
+            let _tf32 = FP32_PRECISION.guard(Fp32Precision::Tf32);
+            bench_dtype::<f32>(c, device, &gpu_sizes, &format!("{path}-tf32"));
+            drop(_tf32);
+            let _reduced = ALLOW_BF16_REDUCED_PRECISION_REDUCTION.guard(false);
+            bench_dtype::<bf16>(c, device, &[256, 1024], &format!("{path}-f32-partials"));
+        }
     }
     for index in 0..backends::adapters::list().len() {
         // Software adapters (lavapipe) run on the CPU: keep their sizes small.

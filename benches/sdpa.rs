@@ -1,5 +1,6 @@
 //! SDPA throughput per device and backend: B=2, H=16, D=64/128, L=512…4096, causal on/off,
-//! f32 and bf16 on the CPU (smaller shapes on software wgpu adapters). Throughput counts
+//! f32 and bf16 on the CPU (smaller shapes on software wgpu adapters; flash in bf16/f16 and
+//! memory-efficient in f32/bf16 up to L=8192 on a CUDA device). Throughput counts
 //! 4·B·H·Lq·Lk·D FLOPs per call, halved for causal; the selected backend is in the name.
 //!
 //! The `sdpa/selection` group measures what a variant pinned by `#[sdpa_kernel]` saves:
@@ -8,7 +9,7 @@
 //! `cargo bench --bench sdpa` (add `-- --quick` for a short run).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use half::bf16;
+use half::{bf16, f16};
 
 use backends::attention::{SdpBackend, sdpa_kernel, selected_backend};
 use backends::sdpa::params;
@@ -62,7 +63,13 @@ fn bench<T: Element>(
                 let flops = 4 * 2 * 16 * l * l * d / if causal { 2 } else { 1 };
                 group.throughput(Throughput::Elements(flops as u64));
                 group.bench_with_input(BenchmarkId::from_parameter(l), &l, |b, _| {
-                    b.iter(|| sdpa(&q, &k, &v, &options).unwrap())
+                    b.iter(|| {
+                        let out = sdpa(&q, &k, &v, &options).unwrap();
+                        if let Device::Cuda(i) = device {
+                            backends::cuda::synchronize(i).expect("the device finishes");
+                        }
+                        out
+                    })
                 });
             }
             group.finish();
@@ -104,6 +111,15 @@ fn sdpa_benches(c: &mut Criterion) {
     bench::<f32>(c, Device::Cpu, SdpBackend::Flash, &lengths, &[64, 128]);
     bench::<bf16>(c, Device::Cpu, SdpBackend::Flash, &lengths[..2], &[64, 128]);
     bench::<f32>(c, Device::Cpu, SdpBackend::Math, &[512], &[64]);
+    for index in 0..backends::cuda::device_count() {
+        let device = Device::Cuda(index);
+        let lengths = [512, 1024, 2048, 4096, 8192];
+        bench::<bf16>(c, device, SdpBackend::Flash, &lengths, &[64, 128]);
+        bench::<f16>(c, device, SdpBackend::Flash, &lengths, &[64, 128]);
+        bench::<f32>(c, device, SdpBackend::MemEfficient, &lengths, &[64, 128]);
+        bench::<bf16>(c, device, SdpBackend::MemEfficient, &lengths, &[64, 128]);
+        bench::<bf16>(c, device, SdpBackend::Math, &[512, 1024], &[64]);
+    }
     for index in 0..backends::adapters::list().len() {
         let gpu = backends::adapters::list()[index].is_gpu();
         let lengths: &[usize] = if gpu { &lengths } else { &[128] };

@@ -10,14 +10,15 @@
 #       carry list of the device call: [".device"]
 #       builds offline from the vendored crates when cargo is there (else uses .device/bin),
 #       runs the CUDA tests (every generated module loads and exposes its kernels on the
-#       GPU; PTX assembled for the GPU's arch), the `backends` report and self-checks, then
+#       GPU; PTX assembled for the GPU's arch; device memory, GEMM under each precision flag,
+#       split-K, cuBLAS and attention against float64), the `backends` report and
+#       self-checks, then
 #       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient SDPA
 #       forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
 #       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
 #
-# Our CUDA launchers for GEMM and attention are not written yet: until they are, the "ours"
-# column says so and the table gives the PyTorch figures our kernels are to be measured
-# against, with the CUDA tests proving the generated PTX loads on this GPU.
+# Then it times ours on the same GPU (examples/cuda_speed.rs: generated GEMM kernels and
+# cuBLAS, flash and memory-efficient attention) and prints both side by side.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -31,7 +32,9 @@ prepare() {
   tar -C "$dev" -czf "$dev/vendor.tar.gz" vendor
   rm -rf "$dev/vendor"
   cargo build -q --release --bin backends
+  cargo build -q --release --example cuda_speed
   cp target/release/backends "$dev/bin/backends"
+  cp target/release/examples/cuda_speed "$dev/bin/cuda_speed"
   cargo test -q --release --no-run --test cuda --message-format=json 2>/dev/null \
     | python3 -c 'import sys, json
 for line in sys.stdin:
@@ -59,7 +62,7 @@ print(sorted(hits)[-1] if hits else "")
 PY
 )
   [ -n "$nvrtc" ] && export BACKENDS_NVRTC_LIB="$nvrtc" && echo "NVRTC: $nvrtc"
-  local backends_bin test_cuda
+  local backends_bin test_cuda speed_bin
   if command -v cargo >/dev/null && [ -f "$dev/vendor.tar.gz" ]; then
     echo "== building offline from the vendored crates"
     rm -rf /tmp/backends-vendor && mkdir -p /tmp/backends-vendor
@@ -67,9 +70,10 @@ PY
     local cfg=(--offline --config 'source.crates-io.replace-with="vendored"'
       --config 'source.vendored.directory="/tmp/backends-vendor/vendor"')
     export CARGO_BUILD_JOBS="$(nproc)"
-    if cargo build "${cfg[@]}" -q --release --bin backends \
+    if cargo build "${cfg[@]}" -q --release --bin backends --example cuda_speed \
       && cargo test "${cfg[@]}" --release --test cuda --test kernels -- --nocapture; then
       backends_bin=target/release/backends
+      speed_bin=target/release/examples/cuda_speed
     else
       echo "build or tests failed; falling back to the prebuilt binaries"
     fi
@@ -78,13 +82,17 @@ PY
   fi
   if [ -z "${backends_bin:-}" ]; then
     backends_bin="$dev/bin/backends"
+    speed_bin="$dev/bin/cuda_speed"
     test_cuda="$dev/bin/test-cuda"
     if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no prebuilt CUDA tests: run prepare"; fi
   fi
   echo "== backends (report and self-checks)"
   [ -x "$backends_bin" ] && "$backends_bin" || echo "backends exited with $?"
+  echo "== ours on this GPU"
+  local ours="${OUT:-/tmp}/ours.tsv"
+  if [ -x "$speed_bin" ]; then "$speed_bin" | tee "$ours"; else : > "$ours"; echo "no cuda_speed binary"; fi
   echo "== PyTorch on this GPU"
-  python3 - <<'PY'
+  OURS="$ours" python3 - <<'PY'
 import time
 import torch
 import torch.nn.functional as F
@@ -133,10 +141,24 @@ for backend, bname in [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICI
                 err = rel(out, reference(q[:, :2], k[:, :2], v[:, :2], causal))
                 rows.append((f"SDPA {bname} bf16 d{d} L{l}{' causal' if causal else ''}", flops / t / 1e12, err))
 
+import os
+ours = {}
+for line in open(os.environ["OURS"]):
+    parts = line.rstrip("\n").split("\t")
+    if len(parts) == 3:
+        ours[parts[0]] = parts[1:]
+
 print()
-print(f"{'work':40} {'ours TFLOP/s':>14} {'torch TFLOP/s':>14} {'ours/torch':>11} {'torch rel.err':>14}")
+print(f"{'work':48} {'ours TFLOP/s':>12} {'ours err':>9} {'torch TFLOP/s':>13} {'torch err':>9} {'ours/torch':>10}")
 for name, tflops, err in rows:
-    print(f"{name:40} {'no launcher':>14} {tflops:14.1f} {'-':>11} {err:14.1e}")
+    paths = [" generated", " cublas"] if name.startswith("GEMM") else [""]
+    for path in paths:
+        mine, mine_err = ours.get(name + path, ["-", "-"])
+        try:
+            ratio = f"{float(mine) / tflops:10.2f}"
+        except ValueError:
+            ratio = f"{'-':>10}"
+        print(f"{name + path:48} {mine:>12} {mine_err:>9} {tflops:13.1f} {err:9.1e} {ratio}")
 print(f"\ntorch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
 PY
   echo "== done $(date -u +%FT%TZ); log: $log"

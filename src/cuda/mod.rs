@@ -45,6 +45,28 @@ pub fn is_available() -> bool {
     device_count() > 0
 }
 
+/// Waits until every kernel and copy queued on device `ordinal` has finished
+/// (`torch.cuda.synchronize`): what a timing needs before it reads the clock.
+pub fn synchronize(ordinal: usize) -> crate::Result<()> {
+    #[cfg(feature = "cuda")]
+    {
+        memory::stream(ordinal)?
+            .synchronize()
+            .map_err(|e| crate::Error::Driver {
+                call: "cuStreamSynchronize",
+                detail: format!("{e:?}"),
+            })
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err(crate::Error::Unavailable {
+            what: "CUDA",
+            why: "this build has no CUDA support: build with the `cuda` feature".into(),
+        })
+    }
+}
+
 /// The number of CUDA devices the driver reports (0 without a driver).
 pub fn device_count() -> usize {
     driver::state().devices.len()

@@ -1,6 +1,12 @@
 //! `matmul` on CUDA: the generated GEMM kernels (FFMA, TF32 / bf16 / fp16 `mma.sync`, split-K
 //! with a fixed-order reduction) or cuBLAS, as `preferred_blas_library` and the precision
 //! flags say.
+//!
+//! Routing: `cublas` and `cublaslt` go to cuBLAS when it loads and takes the operand views
+//! (`cublaslt` through the same `cublasGemmStridedBatchedEx`; the trace says so), else to
+//! the generated kernels with the reason in the trace. `default` runs the generated
+//! kernels: a size rule for handing products to the vendor needs GPU measurements, which
+//! `scripts/device-check.sh` takes (generated vs cuBLAS, side by side).
 
 use cudarc::driver::PushKernelArg;
 
@@ -19,11 +25,7 @@ use crate::{DType, Device, Error, Fp32Precision, Result};
 const MIN_K_SLICE: usize = 256;
 /// Split-K slices at most.
 const MAX_SPLITS: usize = 16;
-/// Multiply-adds from which `preferred_blas_library = default` hands a product to cuBLAS
-/// (2^30, e.g. 1024³): large products are where the vendor's Hopper kernels beat these
-/// `mma.sync` tiles; below it launch cost dominates and the generated kernels serve. Not
-/// yet measured on a GPU: the device check's GEMM table is what should move it.
-const VENDOR_MIN_WORK: usize = 1 << 30;
+
 
 /// The generated variant for `dtype` under the current flags, and what it does in words.
 fn variant(dtype: DType) -> Result<(GemmKey, String)> {
@@ -107,11 +109,9 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         return Ok(output(out));
     }
     let library = preferred_blas_library(None);
-    let prefer_vendor = match library {
-        BlasBackend::Cublas | BlasBackend::Cublaslt => true,
-        BlasBackend::Default => p.m * p.n * p.k >= VENDOR_MIN_WORK,
-        BlasBackend::Ck => false,
-    };
+    // `default` runs the generated kernels: which sizes cuBLAS should take instead is for
+    // the device check's side-by-side table to show, not to guess (see the module docs).
+    let prefer_vendor = matches!(library, BlasBackend::Cublas | BlasBackend::Cublaslt);
     let vendor_problem = if !prefer_vendor {
         None
     } else if !cublas::takes(p) {

@@ -1,0 +1,152 @@
+//! Times this library's CUDA kernels on device 0 for `scripts/device-check.sh`, which
+//! prints them next to PyTorch's: GEMM (generated kernels and cuBLAS) and attention (flash,
+//! memory-efficient), medians of timed runs with the device synchronised, and each one's
+//! relative error against a float64 reference on a smaller problem. One line per work:
+//! `name<TAB>TFLOP/s<TAB>relative error`.
+//!
+//! `cargo run --release --example cuda_speed`
+
+use std::time::Instant;
+
+use backends::attention::{SdpBackend, sdpa_kernel};
+use backends::cuda::{self, BlasBackend, PREFERRED_BLAS, matmul::FP32_PRECISION};
+use backends::{DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
+
+/// Pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+/// The median seconds of `run` on device 0 (after one warm-up run).
+fn median(reps: usize, mut run: impl FnMut() -> backends::Result<()>) -> backends::Result<f64> {
+    run()?;
+    cuda::synchronize(0)?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        run()?;
+        cuda::synchronize(0)?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[reps / 2])
+}
+
+fn rel_err(got: &[f64], want: &[f64]) -> f64 {
+    let diff: f64 = got.iter().zip(want).map(|(g, w)| (g - w) * (g - w)).sum();
+    let norm: f64 = want.iter().map(|w| w * w).sum();
+    (diff / norm).sqrt()
+}
+
+/// `matmul` in `dtype`: throughput at n = 8192 and the error at n = 512.
+fn gemm(dtype: DType) -> backends::Result<(f64, f64)> {
+    let device = Device::Cuda(0);
+    let n = 8192;
+    let a = Tensor::from_f64(&values(n * n, 1), &[n, n], dtype, device)?;
+    let b = Tensor::from_f64(&values(n * n, 2), &[n, n], dtype, device)?;
+    let seconds = median(10, || matmul(&a, &b).map(drop))?;
+    let m = 512;
+    let a = Tensor::from_f64(&values(m * m, 3), &[m, m], dtype, device)?;
+    let b = Tensor::from_f64(&values(m * m, 4), &[m, m], dtype, device)?;
+    let (ah, bh) = (a.to_f64()?, b.to_f64()?);
+    let mut want = vec![0.0; m * m];
+    for i in 0..m {
+        for p in 0..m {
+            for j in 0..m {
+                want[i * m + j] += ah[i * m + p] * bh[p * m + j];
+            }
+        }
+    }
+    let got = matmul(&a, &b)?.to_f64()?;
+    Ok((2.0 * (n as f64).powi(3) / seconds / 1e12, rel_err(&got, &want)))
+}
+
+/// Attention in f64 over `[heads, l, d]` (no mask), top-left causal.
+fn attention_reference(q: &[f64], k: &[f64], v: &[f64], heads: usize, l: usize, d: usize, causal: bool) -> Vec<f64> {
+    let mut out = vec![0.0; heads * l * d];
+    let scale = 1.0 / (d as f64).sqrt();
+    for h in 0..heads {
+        let at = |t: &[f64], i: usize, x: usize| t[(h * l + i) * d + x];
+        for i in 0..l {
+            let visible = if causal { i + 1 } else { l };
+            let scores: Vec<f64> = (0..visible)
+                .map(|j| (0..d).map(|x| at(q, i, x) * at(k, j, x)).sum::<f64>() * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = weights.iter().sum();
+            for x in 0..d {
+                out[(h * l + i) * d + x] =
+                    (0..visible).map(|j| weights[j] * at(v, j, x)).sum::<f64>() / sum;
+            }
+        }
+    }
+    out
+}
+
+/// `backend` in bf16 on [2, 16, l, d]: throughput, and the error on [1, 2, 512, d].
+fn attention(backend: SdpBackend, d: usize, l: usize, causal: bool) -> backends::Result<(f64, f64)> {
+    let _only = sdpa_kernel(&[backend], false);
+    let device = Device::Cuda(0);
+    let options = SdpaOptions {
+        is_causal: causal,
+        ..Default::default()
+    };
+    let on = |shape: &[usize], seed| {
+        Tensor::from_f64(&values(shape.iter().product(), seed), shape, DType::Bf16, device)
+    };
+    let shape = [2, 16, l, d];
+    let (q, k, v) = (on(&shape, 5)?, on(&shape, 6)?, on(&shape, 7)?);
+    let seconds = median(10, || sdpa(&q, &k, &v, &options).map(drop))?;
+    let small = [1, 2, 512, d];
+    let (q, k, v) = (on(&small, 8)?, on(&small, 9)?, on(&small, 10)?);
+    let got = sdpa(&q, &k, &v, &options)?.output.to_f64()?;
+    let want = attention_reference(&q.to_f64()?, &k.to_f64()?, &v.to_f64()?, 2, 512, d, causal);
+    let flops = 4.0 * 2.0 * 16.0 * (l * l * d) as f64 / if causal { 2.0 } else { 1.0 };
+    Ok((flops / seconds / 1e12, rel_err(&got, &want)))
+}
+
+fn main() -> backends::Result<()> {
+    if cuda::device_count() == 0 {
+        eprintln!(
+            "no CUDA device: {}",
+            cuda::unavailable_reason().unwrap_or("the driver reports none")
+        );
+        return Ok(());
+    }
+    let print = |name: String, result: backends::Result<(f64, f64)>| match result {
+        Ok((tflops, err)) => println!("{name}\t{tflops:.2}\t{err:.1e}"),
+        Err(e) => println!("{name}\terror\t{e}"),
+    };
+    for (dtype, name, precision) in [
+        (DType::Bf16, "bf16", Fp32Precision::Ieee),
+        (DType::F16, "f16", Fp32Precision::Ieee),
+        (DType::F32, "f32 ieee", Fp32Precision::Ieee),
+        (DType::F32, "f32 tf32", Fp32Precision::Tf32),
+    ] {
+        let _precision = FP32_PRECISION.guard(precision);
+        for (library, path) in [(BlasBackend::Default, "generated"), (BlasBackend::Cublas, "cublas")] {
+            let _library = PREFERRED_BLAS.guard(library);
+            print(format!("GEMM {name} n=8192 {path}"), gemm(dtype));
+        }
+    }
+    for (backend, name) in [(SdpBackend::Flash, "flash"), (SdpBackend::MemEfficient, "mem-efficient")] {
+        for d in [64, 128] {
+            for causal in [false, true] {
+                for l in [1024, 4096] {
+                    let work = format!("SDPA {name} bf16 d{d} L{l}{}", if causal { " causal" } else { "" });
+                    print(work, attention(backend, d, l, causal));
+                }
+            }
+        }
+    }
+    Ok(())
+}
