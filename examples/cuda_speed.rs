@@ -66,11 +66,22 @@ fn gemm(dtype: DType) -> backends::Result<(f64, f64)> {
         }
     }
     let got = matmul(&a, &b)?.to_f64()?;
-    Ok((2.0 * (n as f64).powi(3) / seconds / 1e12, rel_err(&got, &want)))
+    Ok((
+        2.0 * (n as f64).powi(3) / seconds / 1e12,
+        rel_err(&got, &want),
+    ))
 }
 
 /// Attention in f64 over `[heads, l, d]` (no mask), top-left causal.
-fn attention_reference(q: &[f64], k: &[f64], v: &[f64], heads: usize, l: usize, d: usize, causal: bool) -> Vec<f64> {
+fn attention_reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    heads: usize,
+    l: usize,
+    d: usize,
+    causal: bool,
+) -> Vec<f64> {
     let mut out = vec![0.0; heads * l * d];
     let scale = 1.0 / (d as f64).sqrt();
     for h in 0..heads {
@@ -93,7 +104,12 @@ fn attention_reference(q: &[f64], k: &[f64], v: &[f64], heads: usize, l: usize, 
 }
 
 /// `backend` in bf16 on [2, 16, l, d]: throughput, and the error on [1, 2, 512, d].
-fn attention(backend: SdpBackend, d: usize, l: usize, causal: bool) -> backends::Result<(f64, f64)> {
+fn attention(
+    backend: SdpBackend,
+    d: usize,
+    l: usize,
+    causal: bool,
+) -> backends::Result<(f64, f64)> {
     let _only = sdpa_kernel(&[backend], false);
     let device = Device::Cuda(0);
     let options = SdpaOptions {
@@ -101,7 +117,12 @@ fn attention(backend: SdpBackend, d: usize, l: usize, causal: bool) -> backends:
         ..Default::default()
     };
     let on = |shape: &[usize], seed| {
-        Tensor::from_f64(&values(shape.iter().product(), seed), shape, DType::Bf16, device)
+        Tensor::from_f64(
+            &values(shape.iter().product(), seed),
+            shape,
+            DType::Bf16,
+            device,
+        )
     };
     let shape = [2, 16, l, d];
     let (q, k, v) = (on(&shape, 5)?, on(&shape, 6)?, on(&shape, 7)?);
@@ -133,16 +154,25 @@ fn main() -> backends::Result<()> {
         (DType::F32, "f32 tf32", Fp32Precision::Tf32),
     ] {
         let _precision = FP32_PRECISION.guard(precision);
-        for (library, path) in [(BlasBackend::Default, "generated"), (BlasBackend::Cublas, "cublas")] {
+        for (library, path) in [
+            (BlasBackend::Default, "generated"),
+            (BlasBackend::Cublas, "cublas"),
+        ] {
             let _library = PREFERRED_BLAS.guard(library);
             print(format!("GEMM {name} n=8192 {path}"), gemm(dtype));
         }
     }
-    for (backend, name) in [(SdpBackend::Flash, "flash"), (SdpBackend::MemEfficient, "mem-efficient")] {
+    for (backend, name) in [
+        (SdpBackend::Flash, "flash"),
+        (SdpBackend::MemEfficient, "mem-efficient"),
+    ] {
         for d in [64, 128] {
             for causal in [false, true] {
                 for l in [1024, 4096] {
-                    let work = format!("SDPA {name} bf16 d{d} L{l}{}", if causal { " causal" } else { "" });
+                    let work = format!(
+                        "SDPA {name} bf16 d{d} L{l}{}",
+                        if causal { " causal" } else { "" }
+                    );
                     print(work, attention(backend, d, l, causal));
                 }
             }

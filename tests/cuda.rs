@@ -279,3 +279,53 @@ fn memory_efficient_attention_matches_the_reference() {
         }
     }
 }
+
+#[test]
+fn fused_dropout_drops_the_weights_the_host_math_path_drops() {
+    let Some(d) = gpu() else { return };
+    let shape = [1, 2, 70, 64];
+    let n: usize = shape.iter().product();
+    for (backend, dtype, bound) in [
+        (SdpBackend::Flash, DType::Bf16, 1e-2),
+        (SdpBackend::MemEfficient, DType::F32, 2e-5),
+    ] {
+        let inputs: Vec<Vec<f64>> = (0..3).map(|_| random(n)).collect();
+        let on = |device| {
+            inputs
+                .iter()
+                .map(|x| Tensor::from_f64(x, &shape, dtype, device).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let (gpu_in, cpu_in) = (on(Device::Cuda(d)), on(Device::Cpu));
+        let options = SdpaOptions {
+            dropout_p: 0.3,
+            seed: 7,
+            ..Default::default()
+        };
+        let fused = {
+            let _only = backends::attention::sdpa_kernel_scoped(&[backend], false);
+            let out = sdpa(&gpu_in[0], &gpu_in[1], &gpu_in[2], &options).unwrap();
+            assert_eq!(out.backend, backend);
+            out.output.to_f64().unwrap()
+        };
+        let math = sdpa(&cpu_in[0], &cpu_in[1], &cpu_in[2], &options)
+            .unwrap()
+            .output
+            .to_f64()
+            .unwrap();
+        let err = rel_err(&fused, &math);
+        assert!(
+            err < bound,
+            "{backend} with dropout vs math on the host: {err}"
+        );
+        let plain = sdpa(&cpu_in[0], &cpu_in[1], &cpu_in[2], &SdpaOptions::default())
+            .unwrap()
+            .output
+            .to_f64()
+            .unwrap();
+        assert!(
+            rel_err(&fused, &plain) > 0.1,
+            "{backend}: dropout changed nothing"
+        );
+    }
+}

@@ -18,6 +18,11 @@ fn cuda_queries_are_consistent() {
         assert!(major >= 3);
         assert!(!cuda::get_device_name(i).unwrap().is_empty());
     }
+    let flash_arch = (0..count).any(|i| cuda::get_device_capability(i).unwrap() >= (8, 0));
+    assert_eq!(
+        cuda::is_flash_attention_available(),
+        cuda::is_built() && flash_arch
+    );
     assert_eq!(cuda::get_device_capability(count), None);
     assert_eq!(cuda::get_device_name(count), None);
     assert!(cuda::get_device_properties(usize::MAX).is_none());

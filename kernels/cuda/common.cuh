@@ -80,6 +80,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// Whether dropout keeps attention weight `index` (its flat [B, H, Lq, Lk] index): the
+// host's stateless splitmix64 decision, so a seed drops the same weights on every device.
+__device__ __forceinline__ bool dropout_keep(unsigned long long seed, unsigned long long index, double p) {
+    unsigned long long z = seed ^ (index * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0) >= p;
+}
+
 // A 16-bit tensor-core MMA chosen by element type (the last argument is only a tag).
 __device__ __forceinline__ void mma_16(float d[4], const unsigned a[4], const unsigned b[2], half_t) {
     mma_f16_f32(d, a, b);

@@ -1,7 +1,9 @@
 // Flash attention forward: O = softmax(Q K^T * scale) V, tiled with an online softmax on
 // tensor cores (mma.sync m16n8k16), never materialising the Lq x Lk score matrix.
 // Also writes the log-sum-exp of each query row (natural log) for a later backward pass.
-// A query row with no visible key gets O = 0 and lse = -inf.
+// A query row with no visible key gets O = 0 and lse = -inf. With dropout_p > 0, each
+// weight is kept with probability 1 - dropout_p (scaled by 1 / (1 - dropout_p)) by
+// `dropout_keep(seed, index)`, the host's decision.
 //
 // Specialisation: KERNEL, T (half_t or bf16_t), HEAD_DIM, WARPS (16 query rows each),
 //   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: key j is hidden from query i when j > i)
@@ -18,7 +20,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
-    long long o_b, long long o_h, long long o_l)
+    long long o_b, long long o_h, long long o_l,
+    double dropout_p, unsigned long long seed)
 {
     __shared__ unsigned short Qs[BLOCK_M][HEAD_DIM];
     __shared__ unsigned short Ks[BLOCK_N][HEAD_DIM];
@@ -33,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     v += b * v_b + hk * v_h;
     o += b * o_b + h * o_h;
     const float scale_log2 = scale * 1.4426950408889634f;
+    const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
 
     for (int e = tid; e < BLOCK_M * HEAD_DIM; e += 32 * WARPS) {
         int r = e / HEAD_DIM, c = e % HEAD_DIM;
@@ -118,7 +122,13 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 s[j][r] = exp2f(s[j][r] - ref[r / 2]);
-                row_sum[r / 2] += s[j][r];
+                row_sum[r / 2] += s[j][r];  // the softmax sum counts every weight
+                if (dropout_p > 0.0) {
+                    const unsigned long long row = row0 + (r / 2) * 8;
+                    const unsigned long long key = kb + 8 * j + 2 * t + (r % 2);
+                    const unsigned long long index = ((unsigned long long)bh * Lq + row) * Lk + key;
+                    s[j][r] = dropout_keep(seed, index, dropout_p) ? s[j][r] * keep_scale : 0.f;
+                }
             }
 
 #pragma unroll

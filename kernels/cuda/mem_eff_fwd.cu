@@ -2,6 +2,8 @@
 // online softmax in fp32 (SIMT), any head dim up to D_MAX, with an optional mask and a
 // run-time causal flag (top-left aligned, so Lq != Lk is allowed). Writes the natural-log
 // log-sum-exp per query row. A query row with no visible key gets O = 0 and lse = -inf.
+// With dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
+// 1 / (1 - dropout_p)) by `dropout_keep(seed, index)`, the host's decision.
 //
 // Specialisation: KERNEL, T (float, half_t, bf16_t), MASK_KIND (0 none, 1 boolean: M is
 //   unsigned char and false hides a key, 2 additive: M is T), M, D_MAX, BLOCK_M, BLOCK_N
@@ -19,7 +21,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
     long long o_b, long long o_h, long long o_l,
-    long long m_b, long long m_h, long long m_q, long long m_k)
+    long long m_b, long long m_h, long long m_q, long long m_k,
+    double dropout_p, unsigned long long seed)
 {
     __shared__ float Qs[BLOCK_M][D_MAX];
     __shared__ float Ks[BLOCK_N][D_MAX + 1];
@@ -45,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
 #pragma unroll
     for (int i = 0; i < D_MAX / TPR; ++i) acc[i] = 0.f;
     float row_max = NEG_INF, row_sum = 0.f;
+    const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
 
     int k_stop = Lk;
     if (causal) k_stop = min(Lk, m0 + BLOCK_M);
@@ -86,8 +90,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
 #pragma unroll
         for (int i = 0; i < BLOCK_N / TPR; ++i) {
             float p = __expf(s[i] - ref);
+            part += p;  // the softmax sum counts every weight; dropout acts after it
+            if (dropout_p > 0.0) {
+                const unsigned long long index =
+                    ((unsigned long long)bh * Lq + qi) * Lk + kb + sub + TPR * i;
+                p = dropout_keep(seed, index, dropout_p) ? p * keep_scale : 0.f;
+            }
             Ps[row][sub + TPR * i] = p;
-            part += p;
         }
         for (int off = 1; off < TPR; off <<= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
         row_sum = row_sum * alpha + part;

@@ -40,6 +40,16 @@ pub fn cufft_plan_cache(index: usize) -> &'static crate::fft::PlanCache {
     crate::fft::plan_cache(crate::Device::Cuda(index))
 }
 
+/// Whether flash attention is built in and usable here
+/// (`torch.backends.cuda.is_flash_attention_available`): the CUDA kernels are built (PTX
+/// or NVRTC) and a device meets flash's architecture (sm_80 or newer).
+pub fn is_flash_attention_available() -> bool {
+    let min = crate::kernels::rules::min_arch(crate::kernels::rules::Backend::Flash);
+    is_built()
+        && (0..device_count())
+            .any(|i| get_device_capability(i).is_some_and(|cap| min.is_none_or(|min| cap >= min)))
+}
+
 /// Whether CUDA can run here now: the driver loads and reports at least one device.
 pub fn is_available() -> bool {
     device_count() > 0
@@ -207,6 +217,7 @@ pub(crate) fn report() -> serde_json::Value {
         "is_built": is_built(),
         "kernels": crate::kernels::report(),
         "is_available": is_available(),
+        "is_flash_attention_available": is_flash_attention_available(),
         "unavailable_reason": unavailable_reason(),
         "driver_version": driver_version(),
         "device_count": device_count(),

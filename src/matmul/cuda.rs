@@ -26,7 +26,6 @@ const MIN_K_SLICE: usize = 256;
 /// Split-K slices at most.
 const MAX_SPLITS: usize = 16;
 
-
 /// The generated variant for `dtype` under the current flags, and what it does in words.
 fn variant(dtype: DType) -> Result<(GemmKey, String)> {
     let key = |elem, math, acc_f16, partials| GemmKey {

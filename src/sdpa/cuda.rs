@@ -1,5 +1,6 @@
 //! Flash and memory-efficient attention on CUDA through the generated kernels
-//! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks).
+//! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
+//! dropout drawn by the same stateless per-weight decision as the host's math path.
 
 use cudarc::driver::PushKernelArg;
 
@@ -36,15 +37,6 @@ pub(super) fn fused(
     job: &Job,
 ) -> Result<SdpaOutput> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
-    if o.dropout_p > 0.0 {
-        return Err(Error::Unavailable {
-            what: "dropout in the CUDA fused attention kernels",
-            why: format!(
-                "{backend} on CUDA has no dropout yet; pass dropout_p = 0, or disable flash and \
-                 memory-efficient attention so that math (which applies dropout) serves"
-            ),
-        });
-    }
     let elem = q.dtype().elem().ok_or(Error::DTypeMismatch {
         op: OP,
         expected: DType::F16,
@@ -142,6 +134,7 @@ pub(super) fn fused(
         for x in &all_strides {
             args.arg(x);
         }
+        args.arg(&o.dropout_p).arg(&o.seed);
         // SAFETY: the arguments follow the kernel's parameter list (flash_fwd.cu or
         // mem_eff_fwd.cu); q, k, v and the mask are the tensors' own views and hold every
         // element their strides reach; o and lse were allocated above for B x H x Lq rows.
