@@ -8,9 +8,12 @@
 //! transforms divide by the length.
 //!
 //! The CPU kernel is an iterative radix-2 FFT for powers of two and Bluestein's chirp-z
-//! algorithm (through a power-of-two FFT) for every other length. Tensors have no CUDA
-//! storage yet, so cuFFT has nothing to run on; the cache of each CUDA device exists and
-//! keeps its semantics for when it does.
+//! algorithm (through a power-of-two FFT) for every other length. CUDA tensors (f32 and
+//! f64) go through cuFFT when it loads (`fft/cufft.rs`), its plans cached per device the
+//! same way. wgpu tensors have no FFT: move them to the CPU.
+
+#[cfg(feature = "cuda")]
+mod cufft;
 
 use std::collections::HashMap;
 use std::f64::consts::PI;
@@ -217,8 +220,17 @@ pub struct PlanKey {
 /// The default capacity of a plan cache (PyTorch's).
 pub const DEFAULT_MAX_SIZE: usize = 4096;
 
-/// The plans of one key: one per transformed dimension.
-type Plans = Arc<Vec<Arc<FftPlan>>>;
+/// What one cache entry holds.
+enum CachedPlan {
+    /// The host kernels, one per transformed dimension.
+    Host(Vec<FftPlan>),
+    /// A cuFFT plan.
+    #[cfg(feature = "cuda")]
+    Cuda(cufft::Plan),
+}
+
+/// The plans of one key.
+type Plans = Arc<CachedPlan>;
 
 struct CacheState {
     max_size: usize,
@@ -282,30 +294,26 @@ impl PlanCache {
         self.lock().plans.contains_key(key)
     }
 
-    /// The plans for `key` (one per transformed dimension), built by `make` on a miss.
-    fn get(
-        &self,
-        key: PlanKey,
-        make: impl FnOnce() -> Vec<Arc<FftPlan>>,
-    ) -> Arc<Vec<Arc<FftPlan>>> {
+    /// The plans for `key`, built by `make` on a miss.
+    fn get(&self, key: PlanKey, make: impl FnOnce() -> Result<CachedPlan>) -> Result<Plans> {
         {
             let mut state = self.lock();
             state.tick += 1;
             let tick = state.tick;
             if let Some((plans, used)) = state.plans.get_mut(&key) {
                 *used = tick;
-                return plans.clone();
+                return Ok(plans.clone());
             }
         }
         // Built outside the lock: other threads keep using the cache meanwhile.
-        let plans = Arc::new(make());
+        let plans = Arc::new(make()?);
         let mut state = self.lock();
         if state.max_size > 0 {
             let tick = state.tick;
             state.plans.insert(key, (plans.clone(), tick));
             evict(&mut state);
         }
-        plans
+        Ok(plans)
     }
 }
 
@@ -335,8 +343,8 @@ fn fft_error(op: &'static str, detail: String) -> Error {
     Error::ShapeMismatch { op, detail }
 }
 
-/// Complex values of a `[..., 2]` tensor.
-fn complex_values(op: &'static str, x: &Tensor, dims: usize) -> Result<Vec<C>> {
+/// Checks that `x` is a float complex tensor stored as `[..., n (x dims), 2]`.
+fn check_complex(op: &'static str, x: &Tensor, dims: usize) -> Result<()> {
     let s = x.shape();
     if s.len() < dims + 1 || s[s.len() - 1] != 2 {
         return Err(fft_error(
@@ -347,7 +355,12 @@ fn complex_values(op: &'static str, x: &Tensor, dims: usize) -> Result<Vec<C>> {
             ),
         ));
     }
-    float(op, x)?;
+    float(op, x)
+}
+
+/// Complex values of a `[..., 2]` tensor.
+fn complex_values(op: &'static str, x: &Tensor, dims: usize) -> Result<Vec<C>> {
+    check_complex(op, x, dims)?;
     Ok(x.to_f64()?.chunks(2).map(|p| C(p[0], p[1])).collect())
 }
 
@@ -363,14 +376,88 @@ fn float(op: &'static str, x: &Tensor) -> Result<()> {
     }
 }
 
-fn cpu_only(op: &'static str, x: &Tensor) -> Result<()> {
+/// Where an FFT of `x` runs.
+enum Place {
+    Host,
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
+}
+
+fn place(op: &'static str, x: &Tensor) -> Result<Place> {
     match x.device() {
-        Device::Cpu => Ok(()),
+        Device::Cpu => Ok(Place::Host),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => Ok(Place::Cuda(ordinal)),
         other => Err(Error::Unavailable {
             what: op,
-            why: format!("FFTs run on the CPU; move the tensor there first ({other} given)"),
+            why: format!(
+                "FFTs run on the CPU and on CUDA (cuFFT); move the tensor to one ({other} given)"
+            ),
         }),
     }
+}
+
+/// A transform of CUDA tensor `x` through cuFFT: `sizes` per signal, `batch` signals, a
+/// result of `out_shape`, inverses divided by the product of `sizes`. `input` replaces
+/// x's data where the caller prepared it (the real inverse's half-spectrum).
+#[cfg(feature = "cuda")]
+fn on_cuda(
+    op: &'static str,
+    ordinal: usize,
+    x: &Tensor,
+    direction: Direction,
+    (sizes, out_shape): (Vec<usize>, Vec<usize>),
+    input: Option<Tensor>,
+) -> Result<Tensor> {
+    let dtype = x.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: dtype,
+        });
+    }
+    let norm: usize = sizes.iter().product();
+    let out_numel: usize = out_shape.iter().product();
+    if norm == 0 || out_numel == 0 {
+        return Tensor::from_f64(&vec![0.0; out_numel], &out_shape, dtype, x.device());
+    }
+    // cuFFT reads contiguous signals; a strided view is copied first.
+    let input = match input {
+        Some(prepared) => prepared,
+        None if x.is_contiguous() => x.clone(),
+        None => x.to_device(x.device())?,
+    };
+    let signal_in: usize = match direction {
+        Direction::RealInverse => sizes[0] / 2 + 1,
+        _ => norm,
+    };
+    let complex_in = direction != Direction::RealForward;
+    let batch = input.numel() / (signal_in * if complex_in { 2 } else { 1 });
+    let key = PlanKey {
+        sizes,
+        batch,
+        dtype,
+        direction,
+        strides: input.strides().to_vec(),
+    };
+    let cache = plan_cache(x.device());
+    let plans = cache.get(key.clone(), || {
+        Ok(CachedPlan::Cuda(cufft::plan(ordinal, &key)?))
+    })?;
+    let CachedPlan::Cuda(plan) = &*plans else {
+        unreachable!("a CUDA device's cache holds cuFFT plans")
+    };
+    let buffer = input.cuda_buffer().expect("a CUDA tensor has a buffer");
+    let out = cufft::run(
+        ordinal,
+        plan,
+        &key,
+        (buffer, input.offset() * dtype.size()),
+        out_numel * dtype.size(),
+        norm,
+    )?;
+    Ok(cufft::tensor(out, &out_shape, dtype, ordinal))
 }
 
 fn to_tensor(values: &[C], shape: &[usize], like: &Tensor) -> Result<Tensor> {
@@ -419,8 +506,13 @@ fn transform(
     };
     let plans = plan_cache(x.device()).get(key, || {
         crate::verbose::creation_event(|| format!("fft plan {sizes:?} {direction:?}"));
-        sizes.iter().map(|&n| Arc::new(FftPlan::new(n))).collect()
-    });
+        Ok(CachedPlan::Host(
+            sizes.iter().map(|&n| FftPlan::new(n)).collect(),
+        ))
+    })?;
+    let CachedPlan::Host(plans) = &*plans else {
+        unreachable!("the CPU's cache holds host plans")
+    };
     let inverse = matches!(direction, Direction::Inverse | Direction::RealInverse);
     for (d, plan) in plans.iter().enumerate() {
         along(values, shape, shape.len() - dims + d, plan, inverse);
@@ -429,7 +521,16 @@ fn transform(
 }
 
 fn complex(op: &'static str, x: &Tensor, dims: usize, direction: Direction) -> Result<Tensor> {
-    cpu_only(op, x)?;
+    match place(op, x)? {
+        Place::Host => {}
+        #[cfg(feature = "cuda")]
+        Place::Cuda(ordinal) => {
+            check_complex(op, x, dims)?;
+            let s = x.shape();
+            let sizes = s[s.len() - 1 - dims..s.len() - 1].to_vec();
+            return on_cuda(op, ordinal, x, direction, (sizes, s.to_vec()), None);
+        }
+    }
     let mut values = complex_values(op, x, dims)?;
     let shape = &x.shape()[..x.shape().len() - 1];
     transform(x, &mut values, shape, dims, direction)?;
@@ -459,7 +560,7 @@ pub fn ifft2(x: &Tensor) -> Result<Tensor> {
 /// The DFT of a real `[..., n]` tensor: its first `n / 2 + 1` coefficients as a complex
 /// `[..., n / 2 + 1, 2]` tensor (the rest follow by symmetry).
 pub fn rfft(x: &Tensor) -> Result<Tensor> {
-    cpu_only("rfft", x)?;
+    let place = place("rfft", x)?;
     float("rfft", x)?;
     let Some(&n) = x.shape().last() else {
         return Err(fft_error(
@@ -467,6 +568,17 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
             "a 0-D tensor has no dimension to transform".into(),
         ));
     };
+    match place {
+        Place::Host => {}
+        #[cfg(feature = "cuda")]
+        Place::Cuda(ordinal) => {
+            let mut out_shape = x.shape().to_vec();
+            *out_shape.last_mut().expect("rank checked") = if n == 0 { 0 } else { n / 2 + 1 };
+            out_shape.push(2);
+            let io = (vec![n], out_shape);
+            return on_cuda("rfft", ordinal, x, Direction::RealForward, io, None);
+        }
+    }
     let mut values: Vec<C> = x.to_f64()?.into_iter().map(|r| C(r, 0.0)).collect();
     transform(x, &mut values, x.shape(), 1, Direction::RealForward)?;
     let half = n / 2 + 1;
@@ -483,7 +595,7 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
 /// The real signal of length `n` (default `2 (m - 1)`) whose DFT starts with the complex
 /// `[..., m, 2]` half-spectrum `x`, as a real `[..., n]` tensor (divided by n).
 pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
-    cpu_only("irfft", x)?;
+    let place = place("irfft", x)?;
     let values = complex_values("irfft", x, 1)?;
     let shape = &x.shape()[..x.shape().len() - 1];
     let m = *shape.last().expect("rank checked");
@@ -515,6 +627,31 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
     }
     let mut out_shape = shape.to_vec();
     *out_shape.last_mut().expect("rank checked") = n;
+    match place {
+        Place::Host => {}
+        #[cfg(feature = "cuda")]
+        Place::Cuda(ordinal) => {
+            // cuFFT's C2R reads n / 2 + 1 coefficients and overwrites them: hand it the
+            // half-spectrum prepared above (trimmed or zero-padded, edge imaginary parts 0).
+            let half: Vec<f64> = full
+                .chunks(n)
+                .flat_map(|line| line[..n / 2 + 1].iter().flat_map(|c| [c.0, c.1]))
+                .collect();
+            let mut half_shape = out_shape.clone();
+            *half_shape.last_mut().expect("rank checked") = n / 2 + 1;
+            half_shape.push(2);
+            let prepared = Tensor::from_f64(&half, &half_shape, x.dtype(), x.device())?;
+            let io = (vec![n], out_shape);
+            return on_cuda(
+                "irfft",
+                ordinal,
+                x,
+                Direction::RealInverse,
+                io,
+                Some(prepared),
+            );
+        }
+    }
     transform(x, &mut full, &out_shape, 1, Direction::RealInverse)?;
     let real: Vec<f64> = full.iter().map(|c| c.0).collect();
     Tensor::from_f64(&real, &out_shape, x.dtype(), x.device())

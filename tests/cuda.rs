@@ -329,3 +329,69 @@ fn fused_dropout_drops_the_weights_the_host_math_path_drops() {
         );
     }
 }
+
+/// A complex-to-complex transform of `backends::fft`.
+type Transform = fn(&Tensor) -> backends::Result<Tensor>;
+
+#[test]
+fn cufft_transforms_match_the_host_ones_and_use_the_device_plan_cache() {
+    use backends::fft;
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    let cache = cuda::cufft_plan_cache(d);
+    cache.clear();
+    for dtype in [DType::F32, DType::F64] {
+        let bound = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+        let values = random(6 * 40 * 2);
+        let host = Tensor::from_f64(&values, &[6, 40, 2], dtype, Device::Cpu).unwrap();
+        let gpu_in = host.to_device(device).unwrap();
+        let pairs: [(&str, Transform); 4] = [
+            ("fft", fft::fft),
+            ("ifft", fft::ifft),
+            ("fft2", fft::fft2),
+            ("ifft2", fft::ifft2),
+        ];
+        for (name, op) in pairs {
+            let on_gpu = match op(&gpu_in) {
+                Ok(t) => t,
+                Err(e @ backends::Error::Unavailable { .. }) => {
+                    eprintln!("skipped: {e}");
+                    return;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            };
+            assert_eq!(on_gpu.device(), device);
+            let want = op(&host).unwrap().to_f64().unwrap();
+            let err = rel_err(&on_gpu.to_f64().unwrap(), &want);
+            assert!(err < bound, "{name} {dtype}: {err}");
+        }
+        let real = Tensor::from_f64(&random(5 * 30), &[5, 30], dtype, Device::Cpu).unwrap();
+        let spectrum = fft::rfft(&real.to_device(device).unwrap()).unwrap();
+        assert_eq!(spectrum.shape(), [5, 16, 2]);
+        let want = fft::rfft(&real).unwrap().to_f64().unwrap();
+        assert!(
+            rel_err(&spectrum.to_f64().unwrap(), &want) < bound,
+            "rfft {dtype}"
+        );
+        for n in [None, Some(30), Some(25)] {
+            let back = fft::irfft(&spectrum, n).unwrap();
+            let want = fft::irfft(&spectrum.to_device(Device::Cpu).unwrap(), n).unwrap();
+            assert_eq!(back.shape(), want.shape());
+            let err = rel_err(&back.to_f64().unwrap(), &want.to_f64().unwrap());
+            assert!(err < bound, "irfft {n:?} {dtype}: {err}");
+        }
+    }
+    assert!(
+        cache.size() > 0,
+        "the CUDA transforms keep their plans in the device's cache"
+    );
+    cache.set_max_size(1);
+    assert_eq!(cache.size(), 1);
+    cache.set_max_size(backends::fft::DEFAULT_MAX_SIZE);
+    // f16 has no cuFFT path here: a typed error, not a panic.
+    let half = Tensor::from_f64(&random(16), &[8, 2], DType::F16, device).unwrap();
+    assert!(matches!(
+        fft::fft(&half),
+        Err(backends::Error::DTypeMismatch { .. })
+    ));
+}

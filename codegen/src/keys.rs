@@ -113,6 +113,13 @@ pub struct SplitKReduceKey {
     pub partials: Elem,
 }
 
+/// In-place scaling (the inverse FFTs' normalisation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScaleKey {
+    /// Element type.
+    pub elem: Elem,
+}
+
 /// Row softmax (math attention).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SoftmaxKey {
@@ -166,17 +173,20 @@ pub enum Family {
     FlashFwd,
     /// Memory-efficient attention forward.
     MemEffFwd,
+    /// In-place scaling.
+    Scale,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::Softmax,
         Family::MaskedAdd,
         Family::FlashFwd,
         Family::MemEffFwd,
+        Family::Scale,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -188,6 +198,7 @@ impl Family {
             Family::MaskedAdd => "masked_add",
             Family::FlashFwd => "flash_fwd",
             Family::MemEffFwd => "mem_eff_fwd",
+            Family::Scale => "scale",
         }
     }
 
@@ -195,7 +206,7 @@ impl Family {
     pub fn wgsl_template(self) -> Option<&'static str> {
         match self {
             Family::Gemm => Some("gemm"),
-            Family::SplitKReduce => None,
+            Family::SplitKReduce | Family::Scale => None,
             Family::Softmax => Some("softmax"),
             Family::MaskedAdd => Some("masked_add"),
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
@@ -224,6 +235,8 @@ pub enum KernelKey {
     FlashFwd(FlashKey),
     /// Memory-efficient attention forward.
     MemEffFwd(MemEffKey),
+    /// In-place scaling.
+    Scale(ScaleKey),
 }
 
 impl KernelKey {
@@ -236,6 +249,7 @@ impl KernelKey {
             KernelKey::MaskedAdd(_) => Family::MaskedAdd,
             KernelKey::FlashFwd(_) => Family::FlashFwd,
             KernelKey::MemEffFwd(_) => Family::MemEffFwd,
+            KernelKey::Scale(_) => Family::Scale,
         }
     }
 
@@ -256,6 +270,9 @@ impl KernelKey {
                 elem(k.elem),
                 elem(k.partials)
             ),
+            KernelKey::Scale(k) => {
+                format!("KernelKey::Scale(ScaleKey {{ elem: {} }})", elem(k.elem))
+            }
             KernelKey::Softmax(k) => format!(
                 "KernelKey::Softmax(SoftmaxKey {{ elem: {} }})",
                 elem(k.elem)

@@ -168,6 +168,23 @@ fn splitk_reduce(elem: Elem, partials: Elem) -> Variant {
     }
 }
 
+fn scale(elem: Elem) -> Variant {
+    Variant {
+        key: KernelKey::Scale(ScaleKey { elem }),
+        name: format!("scale_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![cuda_t(elem)],
+            launch: Launch {
+                threads: [256, 1, 1],
+                tile: [256, 1],
+                shared_bytes: 0,
+            },
+            min_sm: 50,
+        }),
+        wgsl: None,
+    }
+}
+
 fn softmax(elem: Elem) -> Variant {
     Variant {
         key: KernelKey::Softmax(SoftmaxKey { elem }),
@@ -368,6 +385,9 @@ pub fn all() -> Vec<Variant> {
         (Bf16, Bf16),
     ] {
         v.push(splitk_reduce(elem, partials));
+    }
+    for elem in [F32, F64] {
+        v.push(scale(elem));
     }
     for elem in [F32, F16, Bf16] {
         v.push(softmax(elem));

@@ -96,6 +96,11 @@ impl Buffer {
         Ok(out)
     }
 
+    /// Size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The bytes from `offset` on, as a kernel argument.
     pub(crate) fn view(&self, offset: usize) -> CudaView<'_, u8> {
         self.bytes.slice(offset.min(self.len)..)
