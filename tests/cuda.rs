@@ -171,29 +171,50 @@ fn split_k_reduction_follows_the_reduced_precision_flags_and_is_deterministic() 
 }
 
 #[test]
-fn cublas_serves_when_preferred_and_loadable() {
+fn cublas_and_cublaslt_serve_when_preferred_and_loadable() {
     let Some(d) = gpu() else { return };
-    let _b = cuda::PREFERRED_BLAS.guard_scoped(BlasBackend::Cublas);
-    let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
-    let capture = backends::TraceCapture::start();
-    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
-    let err = matmul_error(d, DType::F32, (129, 200, 300));
-    let lines = capture.take();
-    if !lines.iter().any(|l| l.contains("/cublas")) {
-        eprintln!("skipped: cuBLAS did not serve ({lines:?})");
-        return;
-    }
-    assert!(err < 1e-5, "{err}");
-    // Transposed operand views are read through cuBLAS's transpose operations.
-    let (a, a_held) = tensor(&random(40 * 30), &[40, 30], DType::F32, Device::Cuda(d));
-    let c = matmul(&a.t().unwrap(), &a).unwrap().to_f64().unwrap();
-    let at: Vec<f64> = (0..30 * 40)
-        .map(|i| a_held[(i % 40) * 30 + i / 40])
-        .collect();
-    assert!(rel_err(&c, &reference(&at, &a_held, 30, 30, 40)) < 1e-5);
-    for dtype in [DType::F16, DType::Bf16] {
-        let err = matmul_error(d, dtype, (129, 200, 300));
-        assert!(err < 1e-2, "{dtype}: {err}");
+    for (library, name) in [
+        (BlasBackend::Cublas, "/cublas"),
+        (BlasBackend::Cublaslt, "/cublaslt"),
+    ] {
+        let _b = cuda::PREFERRED_BLAS.guard_scoped(library);
+        let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+        let capture = backends::TraceCapture::start();
+        let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let err = matmul_error(d, DType::F32, (129, 200, 300));
+        let lines = capture.take();
+        if !lines.iter().any(|l| l.contains(name)) {
+            eprintln!("skipped: {library} did not serve ({lines:?})");
+            continue;
+        }
+        assert!(err < 1e-5, "{library}: {err}");
+        // Transposed operand views are read through the libraries' transpose operations.
+        let (a, a_held) = tensor(&random(40 * 30), &[40, 30], DType::F32, Device::Cuda(d));
+        let c = matmul(&a.t().unwrap(), &a).unwrap().to_f64().unwrap();
+        let at: Vec<f64> = (0..30 * 40)
+            .map(|i| a_held[(i % 40) * 30 + i / 40])
+            .collect();
+        assert!(rel_err(&c, &reference(&at, &a_held, 30, 30, 40)) < 1e-5);
+        // Batched, with a broadcast operand.
+        let (x, xh) = tensor(
+            &random(3 * 20 * 10),
+            &[3, 20, 10],
+            DType::F32,
+            Device::Cuda(d),
+        );
+        let (w, wh) = tensor(&random(10 * 7), &[10, 7], DType::F32, Device::Cuda(d));
+        let got = matmul(&x, &w).unwrap().to_f64().unwrap();
+        let want: Vec<f64> = (0..3)
+            .flat_map(|i| reference(&xh[i * 200..(i + 1) * 200], &wh, 20, 7, 10))
+            .collect();
+        assert!(rel_err(&got, &want) < 1e-5, "{library} batched");
+        let _t = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
+        let tf32 = matmul_error(d, DType::F32, (129, 200, 300));
+        assert!(tf32 < 1e-3, "{library} tf32: {tf32}");
+        for dtype in [DType::F16, DType::Bf16] {
+            let err = matmul_error(d, dtype, (129, 200, 300));
+            assert!(err < 1e-2, "{library} {dtype}: {err}");
+        }
     }
 }
 

@@ -31,6 +31,17 @@ pub(crate) fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
     Ok(super::loader::context(ordinal)?.default_stream())
 }
 
+/// Makes device `ordinal`'s context current on this thread, as the vendor libraries
+/// (cuBLAS, cuFFT), which run on the caller's context, need.
+pub(crate) fn bind(ordinal: usize) -> Result<()> {
+    super::loader::context(ordinal)?
+        .bind_to_thread()
+        .map_err(|e| Error::Driver {
+            call: "cuCtxSetCurrent",
+            detail: format!("{e:?}"),
+        })
+}
+
 /// A driver error as this crate's error: out of memory as [`Error::OutOfMemory`].
 pub(crate) fn driver_error(
     call: &'static str,

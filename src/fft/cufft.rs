@@ -9,7 +9,7 @@ use cudarc::cufft::{result, sys};
 use cudarc::driver::{CudaView, DevicePtr, PushKernelArg};
 
 use super::{Direction, PlanKey};
-use crate::cuda::memory::{Buffer, Kernel, grid_dim, long_arg, stream};
+use crate::cuda::memory::{Buffer, Kernel, bind, grid_dim, long_arg, stream};
 use crate::kernels::{Elem, KernelKey, ScaleKey};
 use crate::tensor::{Storage, Tensor};
 use crate::{DType, Device, Error, Result};
@@ -82,12 +82,7 @@ pub(crate) fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
     let rank = n.len() as c_int;
     let batch = crate::cuda::memory::int_arg(op, key.batch)?;
     let stream = stream(ordinal)?;
-    crate::cuda::loader::context(ordinal)?
-        .bind_to_thread()
-        .map_err(|e| Error::Driver {
-            call: "cuCtxSetCurrent",
-            detail: format!("{e:?}"),
-        })?;
+    bind(ordinal)?;
     crate::verbose::creation_event(|| {
         format!(
             "cufft plan {:?} x{} {:?}",
@@ -155,6 +150,7 @@ fn execute(
     source: CudaView<'_, u8>,
     target: CudaView<'_, u8>,
 ) -> Result<()> {
+    bind(ordinal)?;
     let stream = stream(ordinal)?;
     let (from, _from_sync) = source.device_ptr(&stream);
     let (to, _to_sync) = target.device_ptr(&stream);

@@ -2,9 +2,8 @@
 //! with a fixed-order reduction) or cuBLAS, as `preferred_blas_library` and the precision
 //! flags say.
 //!
-//! Routing: `cublas` and `cublaslt` go to cuBLAS when it loads and takes the operand views
-//! (`cublaslt` through the same `cublasGemmStridedBatchedEx`; the trace says so), else to
-//! the generated kernels with the reason in the trace. `default` runs the generated
+//! Routing: `cublas` and `cublaslt` go to that library when it loads and takes the operand
+//! views, else to the generated kernels with the reason in the trace. `default` runs the generated
 //! kernels: a size rule for handing products to the vendor needs GPU measurements, which
 //! `scripts/device-check.sh` takes (generated vs cuBLAS, side by side).
 
@@ -108,31 +107,29 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         return Ok(output(out));
     }
     let library = preferred_blas_library(None);
-    // `default` runs the generated kernels: which sizes cuBLAS should take instead is for
-    // the device check's side-by-side table to show, not to guess (see the module docs).
-    let prefer_vendor = matches!(library, BlasBackend::Cublas | BlasBackend::Cublaslt);
-    let vendor_problem = if !prefer_vendor {
-        None
-    } else if !cublas::takes(p) {
-        Some("cuBLAS needs unit-stride operands".to_string())
-    } else {
-        cublas::why_unusable(ordinal)
+    // `default` runs the generated kernels: which sizes a vendor library should take instead
+    // is for the device check's side-by-side table to show, not to guess (module docs).
+    let vendor = match library {
+        BlasBackend::Cublas => Some(cublas::Vendor::Cublas),
+        BlasBackend::Cublaslt => Some(cublas::Vendor::CublasLt),
+        BlasBackend::Default | BlasBackend::Ck => None,
     };
-    if prefer_vendor && vendor_problem.is_none() {
+    let vendor_problem = vendor.and_then(|v| {
+        if cublas::takes(p) {
+            cublas::why_unusable(v, ordinal)
+        } else {
+            Some("the vendor BLAS needs unit-stride operands".to_string())
+        }
+    });
+    if let (Some(vendor), None) = (vendor, &vendor_problem) {
         let describe = || Call {
-            kernel: format!("cublas_gemm_{dtype}"),
-            backend: format!("cuda:{ordinal}/cublas"),
+            kernel: format!("{}_gemm_{dtype}", vendor.name()),
+            backend: format!("cuda:{ordinal}/{}", vendor.name()),
             dtype,
             shapes: shapes(a, b),
-            precision: match library {
-                BlasBackend::Cublaslt => format!(
-                    "{} (cublaslt preferred: served by cuBLAS's GemmEx)",
-                    cublas::note(dtype)
-                ),
-                _ => cublas::note(dtype),
-            },
+            precision: cublas::note(dtype),
         };
-        trace::kernel(describe, || cublas::gemm(ordinal, a, b, p, &out))?;
+        trace::kernel(describe, || cublas::gemm(vendor, ordinal, a, b, p, &out))?;
         return Ok(output(out));
     }
     let note = match vendor_problem {
