@@ -1,5 +1,6 @@
 //! GEMM throughput per device and dtype: the CPU kernels, wgpu (TF32-emulated vs IEEE) and,
-//! on a CUDA device, the generated kernels against cuBLAS under each precision flag. Each
+//! on a CUDA device, the generated kernels against cuBLAS and cuBLASLt under each precision
+//! flag. Each
 //! benchmark's name holds the device, dtype and code path; throughput is in elements of C
 //! per second with the FLOP count in the name's size (2·n³ per call), so criterion's
 //! "elem/s" times 2n reads as FLOP/s.
@@ -65,13 +66,12 @@ fn gemm(c: &mut Criterion) {
         // Generated kernels (preferred_blas_library = default) against cuBLAS, per precision.
         let device = Device::Cuda(index);
         let gpu_sizes = [256, 1024, 2048, 4096, 8192];
-        for library in [BlasBackend::Default, BlasBackend::Cublas] {
+        for (library, path) in [
+            (BlasBackend::Default, "generated"),
+            (BlasBackend::Cublas, "cublas"),
+            (BlasBackend::Cublaslt, "cublaslt"),
+        ] {
             let _library = PREFERRED_BLAS.guard(library);
-            let path = if library == BlasBackend::Default {
-                "generated"
-            } else {
-                "cublas"
-            };
             bench_dtype::<f32>(c, device, &gpu_sizes, &format!("{path}-ieee"));
             bench_dtype::<bf16>(c, device, &gpu_sizes, path);
             bench_dtype::<f16>(c, device, &gpu_sizes, path);

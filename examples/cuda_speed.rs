@@ -1,5 +1,5 @@
 //! Times this library's CUDA kernels on device 0 for `scripts/device-check.sh`, which
-//! prints them next to PyTorch's: GEMM (generated kernels and cuBLAS) and attention (flash,
+//! prints them next to PyTorch's: GEMM (generated kernels, cuBLAS, cuBLASLt) and attention (flash,
 //! memory-efficient), medians of timed runs with the device synchronised, and each one's
 //! relative error against a float64 reference on a smaller problem. One line per work:
 //! `name<TAB>TFLOP/s<TAB>relative error`.
@@ -157,6 +157,7 @@ fn main() -> backends::Result<()> {
         for (library, path) in [
             (BlasBackend::Default, "generated"),
             (BlasBackend::Cublas, "cublas"),
+            (BlasBackend::Cublaslt, "cublaslt"),
         ] {
             let _library = PREFERRED_BLAS.guard(library);
             print(format!("GEMM {name} n=8192 {path}"), gemm(dtype));

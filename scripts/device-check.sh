@@ -17,8 +17,8 @@
 #       forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
 #       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
 #
-# Then it times ours on the same GPU (examples/cuda_speed.rs: generated GEMM kernels and
-# cuBLAS, flash and memory-efficient attention) and prints both side by side.
+# Then it times ours on the same GPU (examples/cuda_speed.rs: generated GEMM kernels,
+# cuBLAS and cuBLASLt, flash and memory-efficient attention) and prints both side by side.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -151,7 +151,7 @@ for line in open(os.environ["OURS"]):
 print()
 print(f"{'work':48} {'ours TFLOP/s':>12} {'ours err':>9} {'torch TFLOP/s':>13} {'torch err':>9} {'ours/torch':>10}")
 for name, tflops, err in rows:
-    paths = [" generated", " cublas"] if name.startswith("GEMM") else [""]
+    paths = [" generated", " cublas", " cublaslt"] if name.startswith("GEMM") else [""]
     for path in paths:
         mine, mine_err = ours.get(name + path, ["-", "-"])
         try:
