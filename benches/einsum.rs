@@ -38,7 +38,15 @@ fn bench(c: &mut Criterion, device: Device, equation: &str, shapes: &[&[usize]])
         let _flags = opt_einsum::flags(Some(enabled), Some(strategy));
         let path = einsum_path(equation, shapes).expect("a valid equation");
         group.throughput(Throughput::Elements(path.optimized_flops as u64));
-        group.bench_function(name, |b| b.iter(|| einsum(equation, &refs).unwrap()));
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let out = einsum(equation, &refs).unwrap();
+                if let Device::Cuda(i) = device {
+                    backends::cuda::synchronize(i).expect("the device finishes");
+                }
+                out
+            })
+        });
     }
     group.finish();
 }
@@ -48,6 +56,7 @@ fn einsum_benches(c: &mut Criterion) {
     let batched: &[&[usize]] = &[&[8, 128, 64], &[8, 64, 128], &[128, 32]];
     let mut devices = vec![Device::Cpu];
     devices.extend((0..backends::adapters::list().len()).map(Device::Wgpu));
+    devices.extend((0..backends::cuda::device_count()).map(Device::Cuda));
     for device in devices {
         bench(c, device, "ab,bc,cd,de->ae", chain);
         bench(c, device, "bij,bjk,kl->bil", batched);

@@ -1,5 +1,6 @@
 //! FFT throughput on the CPU: complex transforms of powers of two (radix-2) and of other
-//! lengths (Bluestein), real transforms, and a 2-D transform; the kernel is in the name.
+//! lengths (Bluestein), real transforms, and a 2-D transform; cuFFT on each CUDA device;
+//! the kernel is in the name.
 //! Throughput is in samples per second (criterion's "elem/s"); 5·n·log2(n) FLOPs per
 //! complex transform of length n is the usual conversion.
 //!
@@ -46,6 +47,29 @@ fn fft_benches(c: &mut Criterion) {
     group.throughput(Throughput::Elements(256 * 256));
     group.bench_function("256x256", |b| b.iter(|| fft::fft2(&x).unwrap()));
     group.finish();
+    for index in 0..backends::cuda::device_count() {
+        // cuFFT on each CUDA device (skipped where libcufft does not load).
+        let device = Device::Cuda(index);
+        let mut group = c.benchmark_group(format!("fft/{device}/f32/c2c/cufft"));
+        group.sample_size(10);
+        for n in [4096, 65536, 1 << 20] {
+            let Ok(x) = signal(&[batch, n, 2]).to_device(device) else {
+                break;
+            };
+            if fft::fft(&x).is_err() {
+                break;
+            }
+            group.throughput(Throughput::Elements((batch * n) as u64));
+            group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+                b.iter(|| {
+                    let y = fft::fft(&x).unwrap();
+                    backends::cuda::synchronize(index).expect("the device finishes");
+                    y
+                })
+            });
+        }
+        group.finish();
+    }
 }
 
 criterion_group!(benches, fft_benches);
