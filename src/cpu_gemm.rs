@@ -4,6 +4,9 @@
 //! accumulated in f32, in a fixed order: results are bit-identical run to run and do not
 //! depend on the thread count.
 
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::DType;
 use crate::cpu::CpuCapability;
 use crate::tensor::Element;
@@ -125,87 +128,93 @@ pub(crate) fn gemm<T: Element>(
     threads: usize,
 ) {
     assert_eq!(c.len(), m * n, "the output holds m x n floats");
-    if k == 0 {
-        c.fill(0.0);
-    }
     if m == 0 || n == 0 || k == 0 {
+        c.fill(0.0);
         return;
     }
     // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
     let threads = threads.clamp(1, (m * n * k).div_ceil(MIN_WORK_PER_THREAD));
-    // Every element is stored by the first K block: NaN shows any that is not. (Filled by
-    // all threads: the first touch of a fresh output also maps its pages.)
-    on_threads(c.chunks_mut(c.len().div_ceil(threads)), |_, part| {
-        part.fill(f32::NAN)
-    });
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
         micro_for_bf16()
     } else {
         micro()
     };
-    let (mr, nr) = (mk.mr, mk.nr);
+    let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
     let a_panels = m.div_ceil(mr);
     // Row blocks of A panels: a multiple of the thread count, so that threads end together.
     let row_blocks = a_panels
         .div_ceil(PANELS_PER_BLOCK)
         .next_multiple_of(threads)
         .min(a_panels);
+    // Column chunks split the work when there are fewer row blocks than threads.
+    let col_chunks = threads.div_ceil(row_blocks);
+    let items = row_blocks * col_chunks;
     let steps = mk.steps(KC.min(k));
-    let mut packed_a = vec![0f32; a_panels * mr * steps];
     let mut packed_b = vec![0f32; NC.min(n).div_ceil(nr) * nr * steps];
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
-        let b_panels = nc.div_ceil(nr);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
-            let ks = mk.steps(kc);
-            // Pack A (all rows) and B (this column block) in panels, split over threads.
-            let a_buf = &mut packed_a[..a_panels * mr * ks];
-            let b_buf = &mut packed_b[..b_panels * nr * ks];
-            let (pairs, a_rows, b_cols) = (mk.pairs, (pc, kc, m), (pc, kc, jc, jc + nc));
-            let a_per = a_panels.div_ceil(threads);
-            let b_per = b_panels.div_ceil(threads);
-            let shares = a_buf
-                .chunks_mut(a_per * mr * ks)
-                .map(Some)
-                .chain(std::iter::repeat_with(|| None))
-                .zip(
-                    b_buf
-                        .chunks_mut(b_per * nr * ks)
-                        .map(Some)
-                        .chain(std::iter::repeat_with(|| None)),
+    // The (column block, K block) pairs, in order; each has its own item counter.
+    let blocks: Vec<(usize, usize)> = (0..n)
+        .step_by(NC)
+        .flat_map(|jc| (0..k).step_by(KC).map(move |pc| (jc, pc)))
+        .collect();
+    let counters: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
+    let barrier = Barrier::new(threads);
+    let (b_ptr, c_ptr, c_len) = (
+        SharedOut(packed_b.as_mut_ptr()),
+        SharedOut(c.as_mut_ptr()),
+        c.len(),
+    );
+    // One scope for the whole product: per block, the threads pack B's panels together,
+    // meet, then take items (packing each item's own A panels), and meet again before the
+    // next block overwrites the packed B.
+    let worker = |t: usize| {
+        // Every element is stored by the first K block: NaN shows any that is not. (Each
+        // thread poisons a share, so that the first touch of a fresh output maps its pages
+        // on all threads.)
+        let share = c_len.div_ceil(threads);
+        let (lo, hi) = ((t * share).min(c_len), ((t + 1) * share).min(c_len));
+        // SAFETY: the shares are disjoint and inside C; no tile is written before the first
+        // barrier, which every thread reaches after its share.
+        unsafe { std::slice::from_raw_parts_mut(c_ptr.get().add(lo), hi - lo) }.fill(f32::NAN);
+        let mut a_block = vec![0f32; a_panels.div_ceil(row_blocks) * mr * steps];
+        for (&(jc, pc), next) in blocks.iter().zip(&counters) {
+            let (nc, kc) = (NC.min(n - jc), KC.min(k - pc));
+            let (b_panels, ks) = (nc.div_ceil(nr), mk.steps(kc));
+            let per = b_panels.div_ceil(threads);
+            let mine = (t * per).min(b_panels)..((t + 1) * per).min(b_panels);
+            // SAFETY: threads pack disjoint panel ranges of the packed B, which nobody reads
+            // before the barrier below.
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    b_ptr.get().add(mine.start * nr * ks),
+                    mine.len() * nr * ks,
                 )
-                .take(threads);
-            on_threads(shares, |t, (a_share, b_share)| {
-                if let Some(out) = a_share {
-                    pack_a(a, t * a_per, out, mr, a_rows, rounding, pairs);
-                }
-                if let Some(out) = b_share {
-                    pack_b(b, t * b_per, out, nr, b_cols, rounding, pairs);
-                }
-            });
-            // Items of C: a row block of A panels by a chunk of B panels, taken by threads
-            // in turn. Column chunks split the work when there are fewer row blocks than
-            // threads.
-            let col_chunks = threads.div_ceil(row_blocks);
-            let items = row_blocks * col_chunks;
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            let c_ptr = SharedOut(c.as_mut_ptr());
-            let (a_buf, b_buf) = (&*a_buf, &*b_buf);
-            let worker = |_, ()| loop {
-                let item = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            };
+            pack_b(
+                b,
+                mine.start,
+                out,
+                nr,
+                (pc, kc, jc, jc + nc),
+                rounding,
+                pairs,
+            );
+            barrier.wait();
+            // SAFETY: between the two barriers the packed B is only read.
+            let b_buf = unsafe { std::slice::from_raw_parts(b_ptr.get(), b_panels * nr * ks) };
+            loop {
+                let item = next.fetch_add(1, Ordering::Relaxed);
                 if item >= items {
                     break;
                 }
                 let (ib, jb) = (item / col_chunks, item % col_chunks);
                 let a_range = ib * a_panels / row_blocks..(ib + 1) * a_panels / row_blocks;
                 let b_range = jb * b_panels / col_chunks..(jb + 1) * b_panels / col_chunks;
+                let a_buf = &mut a_block[..a_range.len() * mr * ks];
+                pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                 for jp in b_range {
                     let b_panel = &b_buf[jp * nr * ks..(jp + 1) * nr * ks];
                     let col0 = jc + jp * nr;
-                    let cols = nr.min(n - col0);
-                    for ip in a_range.clone() {
-                        let a_panel = &a_buf[ip * mr * ks..(ip + 1) * mr * ks];
+                    for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
                         let row0 = ip * mr;
                         // SAFETY: every item is taken by one thread and items cover disjoint
                         // tiles; the tile lies inside the m x n output (rows and cols are
@@ -219,30 +228,22 @@ pub(crate) fn gemm<T: Element>(
                                 c_ptr.get().add(row0 * n + col0),
                                 n,
                                 mr.min(m - row0),
-                                cols,
+                                nr.min(n - col0),
                                 pc > 0,
                             )
                         };
                     }
                 }
-            };
-            on_threads(std::iter::repeat_n((), threads.min(items)), worker);
+            }
+            barrier.wait();
         }
-    }
-}
-
-/// Runs `work(index, share)` for each share, on scoped threads and the calling thread (which
-/// takes the last share), returning when all are done.
-fn on_threads<S: Send>(shares: impl Iterator<Item = S>, work: impl Fn(usize, S) + Sync) {
-    let mut shares: Vec<S> = shares.collect();
-    let Some(last) = shares.pop() else { return };
-    let last_index = shares.len();
-    let work = &work;
+    };
+    let worker = &worker;
     std::thread::scope(|s| {
-        for (t, share) in shares.into_iter().enumerate() {
-            s.spawn(move || work(t, share));
+        for t in 1..threads {
+            s.spawn(move || worker(t));
         }
-        work(last_index, last);
+        worker(0);
     });
 }
 
