@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use crate::cpu_gemm::{self, MatView, Rounding};
 use crate::flag::{EnvInit, Flag};
 use crate::kernels::{Elem, GemmKey, GemmMath, KernelKey};
-use crate::tensor::{Element, Storage, Tensor};
+use crate::tensor::{Element, Storage, Tensor, host_buffer};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Fp32Precision, Result};
 
@@ -51,6 +51,22 @@ struct Problem {
     /// Batch, row and column strides of each operand (batch stride 0 when broadcast).
     a: [usize; 3],
     b: [usize; 3],
+}
+
+impl Problem {
+    /// The number of output elements (batch x M x N), or an error where it overflows.
+    fn outputs(&self) -> Result<usize> {
+        self.batch
+            .checked_mul(self.m)
+            .and_then(|x| x.checked_mul(self.n))
+            .ok_or_else(|| Error::ShapeMismatch {
+                op: "matmul",
+                detail: format!(
+                    "{} x {} x {} outputs overflow the address space",
+                    self.batch, self.m, self.n
+                ),
+            })
+    }
 }
 
 fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
@@ -201,7 +217,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                 precision: "f64".into(),
             };
             trace::kernel(describe, || {
-                let mut out = vec![0f64; p.batch * p.m * p.n];
+                let mut out = host_buffer("matmul", p.outputs()?, 0f64)?;
                 each_batch(
                     p,
                     a.cpu_data::<f64>(),
@@ -264,7 +280,7 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
-        let mut out = vec![0f32; p.batch * p.m * p.n];
+        let mut out = host_buffer("matmul", p.outputs()?, 0f32)?;
         each_batch(
             p,
             a.cpu_data::<T>(),

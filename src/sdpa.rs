@@ -22,9 +22,12 @@ use half::{bf16, f16};
 use crate::attention::{self, SdpBackend};
 use crate::cuda::{SDPAParams, TensorMeta};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::{Storage, Tensor, host_buffer};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
+
+/// What the CPU attention paths report in their errors.
+const OP_CPU: &str = "scaled_dot_product_attention on the CPU";
 
 /// The options of one attention call beyond q, k and v. The default has no mask, no
 /// dropout, the default scale, no GQA, seed 0, and `is_causal` false (true inside a
@@ -368,8 +371,8 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
             _ => f64::from(x as f32),
         }
     };
-    let mut out = vec![0.0; s.b * s.h * s.lq * s.dv];
-    let mut weights = vec![0.0; s.lk];
+    let mut out = host_buffer(OP_CPU, s.b * s.h * s.lq * s.dv, 0.0)?;
+    let mut weights = host_buffer(OP_CPU, s.lk, 0.0)?;
     for b in 0..s.b {
         for h in 0..s.h {
             let hk = s.kv_head(h);
@@ -886,8 +889,8 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         .as_ref()
         .map(|m| m.values.iter().map(|&x| x as f32).collect());
     // Zeroed lazily by the allocator: each page is first touched by the thread that writes it.
-    let mut out = vec![0f32; s.b * s.h * s.lq * s.dv];
-    let mut lse = vec![0f32; s.b * s.h * s.lq];
+    let mut out = host_buffer(OP_CPU, s.b * s.h * s.lq * s.dv, 0f32)?;
+    let mut lse = host_buffer(OP_CPU, s.b * s.h * s.lq, 0f32)?;
     let blocks = s.lq.div_ceil(BLOCK_M);
     // Work items: one (batch, head, query block) each, in output order.
     let mut items: Vec<(usize, &mut [f32], &mut [f32])> = Vec::with_capacity(s.b * s.h * blocks);

@@ -147,6 +147,21 @@ pub struct Tensor {
     offset: usize,
 }
 
+/// A host buffer of `len` copies of `value`, or [`Error::OutOfMemory`] (with what `op` was
+/// doing) where the allocation fails: the large outputs of the CPU kernels are allocated
+/// here, so that a product too big for the machine is an error, not an abort.
+pub(crate) fn host_buffer<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    out.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
+        device: Device::Cpu,
+        bytes,
+        why: format!("{op}: {e}"),
+    })?;
+    out.resize(len, value);
+    Ok(out)
+}
+
 /// Row-major strides of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];

@@ -464,3 +464,12 @@ fn avx512_bf16_dot_products_serve_bf16_inputs_exactly_accumulated() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn a_product_too_large_for_the_machine_is_an_out_of_memory_error() {
+    // [2^20, 1] x [1, 2^20]: a 4 TiB output.
+    let a = Tensor::full(1f32, &[1 << 20, 1], Device::Cpu).unwrap();
+    let err = matmul(&a, &a.t().unwrap()).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    assert!(err.to_string().contains("use smaller inputs"), "{err}");
+}
