@@ -60,6 +60,11 @@ fn the_device_reports_its_capability_and_name() {
     let (major, _) = cuda::get_device_capability(device).expect("a capability");
     assert!(major >= 5, "sm_{major}x is older than any CUDA 12 target");
     assert!(!cuda::get_device_name(device).unwrap_or_default().is_empty());
+    assert_eq!(
+        Device::best(),
+        Device::Cuda(0),
+        "a CUDA device is the best device"
+    );
 }
 
 /// `values` in `dtype` on `device`, and the values as that dtype holds them.

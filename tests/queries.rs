@@ -40,6 +40,11 @@ fn without_a_driver_everything_is_false_or_none() {
     assert_eq!(cuda::get_device_capability(0), None);
     assert!(!cudnn::is_available());
     assert!(!cusparselt::is_available());
+    // CUDA tensors: a typed error that says why, not a panic.
+    let err = backends::Tensor::from_vec(vec![1f32], &[1], backends::Device::Cuda(0)).unwrap_err();
+    assert!(matches!(err, backends::Error::Unavailable { .. }), "{err}");
+    assert!(cuda::synchronize(0).is_err());
+    assert!(!cuda::is_flash_attention_available());
 }
 
 #[test]
