@@ -103,8 +103,9 @@ pub(crate) fn micro() -> Micro {
 /// The most rows a micro-kernel tile has.
 const MAX_MR: usize = 8;
 
-/// K indices per packed block (a 6 x 384 A panel stays in L1, a 384 x 64 B panel in L2).
-const KC: usize = 384;
+/// Packed steps per K block (a 6 x 384 A panel stays in L1, a 384 x 64 B panel in L2): 384
+/// K indices, or 768 for a pair kernel, whose steps hold two.
+const KC_STEPS: usize = 384;
 /// Columns of B per packed block.
 const NC: usize = 2048;
 
@@ -149,12 +150,13 @@ pub(crate) fn gemm<T: Element>(
     // Column chunks split the work when there are fewer row blocks than threads.
     let col_chunks = threads.div_ceil(row_blocks);
     let items = row_blocks * col_chunks;
-    let steps = mk.steps(KC.min(k));
+    let kc_max = if mk.pairs { 2 * KC_STEPS } else { KC_STEPS };
+    let steps = mk.steps(kc_max.min(k));
     let mut packed_b = vec![0f32; NC.min(n).div_ceil(nr) * nr * steps];
     // The (column block, K block) pairs, in order; each has its own item counter.
     let blocks: Vec<(usize, usize)> = (0..n)
         .step_by(NC)
-        .flat_map(|jc| (0..k).step_by(KC).map(move |pc| (jc, pc)))
+        .flat_map(|jc| (0..k).step_by(kc_max).map(move |pc| (jc, pc)))
         .collect();
     let counters: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
     let barrier = Barrier::new(threads);
@@ -177,7 +179,7 @@ pub(crate) fn gemm<T: Element>(
         unsafe { std::slice::from_raw_parts_mut(c_ptr.get().add(lo), hi - lo) }.fill(f32::NAN);
         let mut a_block = vec![0f32; a_panels.div_ceil(row_blocks) * mr * steps];
         for (&(jc, pc), next) in blocks.iter().zip(&counters) {
-            let (nc, kc) = (NC.min(n - jc), KC.min(k - pc));
+            let (nc, kc) = (NC.min(n - jc), kc_max.min(k - pc));
             let (b_panels, ks) = (nc.div_ceil(nr), mk.steps(kc));
             let per = b_panels.div_ceil(threads);
             let mine = (t * per).min(b_panels)..((t + 1) * per).min(b_panels);
