@@ -6,7 +6,10 @@
 //!   scores, SIMD-dispatched on the CPU capability, threads over batch x heads x query
 //!   blocks).
 //! - wgpu: flash and memory-efficient attention through the generated WGSL kernels.
-//!   Math on wgpu runs the reference on the host (the trace says so).
+//! - CUDA: flash (f16/bf16 tensor cores) and memory-efficient attention (masks, f32) through
+//!   the generated CUDA kernels, with dropout (`sdpa/cuda.rs`). cuDNN's fused attention is
+//!   not wired up: where cuDNN is selected on CUDA tensors the call is an error that says so.
+//! - Math on wgpu and CUDA runs the reference on the host (the trace says so).
 //!
 //! A query row that sees no key (fully masked, or causal with no key before it) gives NaN
 //! on the math path, as PyTorch's math does; the fused kernels give 0 for it, with a
@@ -210,7 +213,10 @@ pub fn sdpa(
         }
         (device, backend) => Err(Error::Unavailable {
             what: "this SDPA backend here",
-            why: format!("{backend} has no kernel for {device} tensors in this build"),
+            why: format!(
+                "{backend} has no kernel for {device} tensors in this build; enable another \
+                 backend (flash, memory-efficient or math) for this call"
+            ),
         }),
     }
 }
