@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use crate::cpu_gemm::{self, MatView, Rounding};
 use crate::flag::{EnvInit, Flag};
 use crate::kernels::{Elem, GemmKey, GemmMath, KernelKey};
-use crate::tensor::{Element, Storage, Tensor, host_buffer};
+use crate::tensor::{Element, Storage, Tensor, host_zeros};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Fp32Precision, Result};
 
@@ -217,7 +217,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                 precision: "f64".into(),
             };
             trace::kernel(describe, || {
-                let mut out = host_buffer("matmul", p.outputs()?, 0f64)?;
+                let mut out = host_zeros::<f64>("matmul", p.outputs()?)?;
                 each_batch(
                     p,
                     a.cpu_data::<f64>(),
@@ -280,7 +280,7 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
-        let mut out = host_buffer("matmul", p.outputs()?, 0f32)?;
+        let mut out = host_zeros::<f32>("matmul", p.outputs()?)?;
         each_batch(
             p,
             a.cpu_data::<T>(),
@@ -298,7 +298,7 @@ fn narrow<T: Element>(out: Vec<f32>, threads: usize) -> Result<Vec<T>> {
     if T::DTYPE == DType::F32 {
         return Ok(out.into_iter().map(T::from_f32).collect());
     }
-    let mut narrow = host_buffer("matmul", out.len(), T::from_f32(0.0))?;
+    let mut narrow = host_zeros::<T>("matmul", out.len())?;
     let round = |to: &mut [T], from: &[f32]| {
         for (t, &f) in to.iter_mut().zip(from) {
             *t = T::from_f32(f);

@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use crate::attention::{self, SdpBackend};
 use crate::cuda::{SDPAParams, TensorMeta};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::tensor::{Storage, Tensor, host_buffer};
+use crate::tensor::{Storage, Tensor, host_zeros};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
 
@@ -377,8 +377,8 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
             _ => f64::from(x as f32),
         }
     };
-    let mut out = host_buffer(OP_CPU, s.b * s.h * s.lq * s.dv, 0.0)?;
-    let mut weights = host_buffer(OP_CPU, s.lk, 0.0)?;
+    let mut out = host_zeros(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut weights = host_zeros(OP_CPU, s.lk)?;
     for b in 0..s.b {
         for h in 0..s.h {
             let hk = s.kv_head(h);
@@ -895,8 +895,8 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         .as_ref()
         .map(|m| m.values.iter().map(|&x| x as f32).collect());
     // Zeroed lazily by the allocator: each page is first touched by the thread that writes it.
-    let mut out = host_buffer(OP_CPU, s.b * s.h * s.lq * s.dv, 0f32)?;
-    let mut lse = host_buffer(OP_CPU, s.b * s.h * s.lq, 0f32)?;
+    let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut lse = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq)?;
     let blocks = s.lq.div_ceil(BLOCK_M);
     // Work items: one (batch, head, query block) each, in output order.
     let mut items: Vec<(usize, &mut [f32], &mut [f32])> = Vec::with_capacity(s.b * s.h * blocks);

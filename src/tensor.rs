@@ -147,19 +147,32 @@ pub struct Tensor {
     offset: usize,
 }
 
-/// A host buffer of `len` copies of `value`, or [`Error::OutOfMemory`] (with what `op` was
+/// A zeroed host buffer of `len` elements, or [`Error::OutOfMemory`] (with what `op` was
 /// doing) where the allocation fails: the large outputs of the CPU kernels are allocated
-/// here, so that a product too big for the machine is an error, not an abort.
-pub(crate) fn host_buffer<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
-    let mut out = Vec::new();
+/// here, so that a product too big for the machine is an error, not an abort. The zeroing
+/// is the allocator's (fresh pages are zero until the threads that fill them touch them).
+pub(crate) fn host_zeros<T: bytemuck::Zeroable>(op: &'static str, len: usize) -> Result<Vec<T>> {
     let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
-    out.try_reserve_exact(len).map_err(|e| Error::OutOfMemory {
+    let out_of_memory = |why: &str| Error::OutOfMemory {
         device: Device::Cpu,
         bytes,
-        why: format!("{op}: {e}"),
-    })?;
-    out.resize(len, value);
-    Ok(out)
+        why: format!("{op}: {why}"),
+    };
+    let layout = std::alloc::Layout::array::<T>(len)
+        .map_err(|_| out_of_memory("the size overflows the address space"))?;
+    if layout.size() == 0 {
+        let mut empty = Vec::new();
+        empty.resize_with(len, T::zeroed);
+        return Ok(empty);
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(out_of_memory("the allocation failed"));
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` T's, every byte
+    // zero, which is a valid T (`Zeroable`); the Vec takes ownership with that capacity.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 /// Row-major strides of `shape`.
