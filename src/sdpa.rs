@@ -855,10 +855,19 @@ fn transpose_keys(k: &[f32], lk: usize, d: usize, kt: &mut Vec<f32>) {
     let blocks = lk.div_ceil(BLOCK_N);
     kt.clear();
     kt.resize(blocks * d * BLOCK_N, 0.0);
-    for (j, key) in k.chunks_exact(d.max(1)).take(lk).enumerate() {
-        let block = &mut kt[(j / BLOCK_N) * d * BLOCK_N..];
-        for (x, &value) in key.iter().enumerate() {
-            block[x * BLOCK_N + j % BLOCK_N] = value;
+    if d == 0 {
+        return;
+    }
+    for (block, keys) in kt
+        .chunks_exact_mut(d * BLOCK_N)
+        .zip(k[..lk * d].chunks(d * BLOCK_N))
+    {
+        // Row by row of the transposed block: contiguous writes, reads d apart (the block,
+        // 64 keys, stays in L1).
+        for (x, row) in block.chunks_exact_mut(BLOCK_N).enumerate() {
+            for (slot, key) in row.iter_mut().zip(keys.chunks_exact(d)) {
+                *slot = key[x];
+            }
         }
     }
 }
