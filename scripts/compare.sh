@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Side by side on this machine, in one run, with the same thread count and medians of
-# several runs: our CPU f32 GEMM against numpy/OpenBLAS, our bf16 GEMM against PyTorch's
-# (oneDNN), our CPU f32 attention against
+# Side by side on this machine, in one run, with the same thread count (the best of ROUNDS,
+# default 3, alternating rounds, each the median of several runs): our CPU f32 GEMM against
+# numpy/OpenBLAS, our bf16 GEMM against PyTorch's (oneDNN), our CPU f32 attention against
 # PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
 # fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs).
 #
 # Installs numpy (and, for the attention rows, torch: a large download) into .venv/ from
 # PyPI on first use; where torch cannot be installed, its rows say so.
 # Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048)
-#        GEMM_SIZES="1024" SDPA_LENGTHS="1024" scripts/compare.sh
+#        GEMM_SIZES="1024" SDPA_LENGTHS="1024" ROUNDS=1 scripts/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 read -r -a gemm_sizes <<< "${GEMM_SIZES:-1024 2048 4096}"
 read -r -a sdpa_lengths <<< "${SDPA_LENGTHS:-512 1024 2048}"
+rounds="${ROUNDS:-3}"
 threads="${OMP_NUM_THREADS:-$(nproc)}"
 export OMP_NUM_THREADS="$threads"
 
@@ -29,9 +30,9 @@ have_torch=yes
 cargo build -q --release --example gemm_speed --example sdpa_speed --example fma_peak
 
 peak=$(target/release/examples/fma_peak | awk '{print $4}')
-ours_gemm=$(target/release/examples/gemm_speed "${gemm_sizes[@]}")
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE slow a current OpenBLAS down: unset for this command only.
-theirs_gemm=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
+theirs_gemm() {
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
   .venv/bin/python - "${gemm_sizes[@]}" <<'PY'
 import sys, time
 import numpy as np
@@ -49,11 +50,10 @@ for n in map(int, sys.argv[1:]):
 info = [i for i in threadpool_info() if i["internal_api"] == "openblas"]
 print("# " + ", ".join(f"openblas {i.get('version')} {i.get('architecture')} x{i['num_threads']}" for i in info))
 PY
-)
-ours_sdpa=$(target/release/examples/sdpa_speed "${sdpa_lengths[@]}")
-theirs_sdpa=""
-if [ "$have_torch" = yes ]; then
-  theirs_sdpa=$(.venv/bin/python - "$threads" "$(IFS=,; echo "${gemm_sizes[*]}")" "${sdpa_lengths[@]}" <<'PY'
+}
+theirs_torch() {
+  [ "$have_torch" = yes ] || return 0
+  .venv/bin/python - "$threads" "$(IFS=,; echo "${gemm_sizes[*]}")" "${sdpa_lengths[@]}" <<'PY'
 import sys, time
 import torch
 import torch.nn.functional as F
@@ -81,12 +81,22 @@ for d in (64, 128):
             print(f"f32 d{d} L{l} causal={'true' if causal else 'false'}: {flops / times[2] / 1e12:.3f} TFLOP/s")
 print(f"# torch {torch.__version__}")
 PY
-)
-fi
+}
+# Ours and theirs alternate for $rounds rounds; each work keeps its best round (the VM's
+# noise comes in bursts that would otherwise land on one side only).
+ours_gemm="" theirs_gemm="" ours_sdpa="" theirs_sdpa=""
+for _ in $(seq "$rounds"); do
+  ours_gemm+=$(target/release/examples/gemm_speed "${gemm_sizes[@]}")$'\n'
+  theirs_gemm+=$(theirs_gemm)$'\n'
+  ours_sdpa+=$(target/release/examples/sdpa_speed "${sdpa_lengths[@]}")$'\n'
+  theirs_sdpa+=$(theirs_torch)$'\n'
+done
+[ "$have_torch" = yes ] || theirs_sdpa=""
 
 echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "measured fp32 FMA peak: $peak GFLOP/s"
-echo "peers: $(echo "$theirs_gemm" | grep '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep '^#' | cut -c3-)}"
+echo "peers: $(echo "$theirs_gemm" | grep -m1 '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep -m1 '^#' | cut -c3-)}"
+echo "best of $rounds alternating rounds, each the median of several runs"
 echo
 printf "%-38s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
 row() { # name ours theirs unit-scale (GFLOP/s per unit)
@@ -98,20 +108,19 @@ row() { # name ours theirs unit-scale (GFLOP/s per unit)
       "$(echo "$o * $s / $peak" | bc -l)" "$(echo "$t * $s / $peak" | bc -l)"
   fi
 }
+# The best value of the lines of $1 that start with key $2 (the text before the colon).
+best() {
+  echo "$1" | awk -v k="$2" -F': *' '$1 == k {split($2, v, " "); if (v[1] > m) m = v[1]} END {if (m != "") print m}'
+}
 for n in "${gemm_sizes[@]}"; do
-  o=$(echo "$ours_gemm" | awk -v n="$n" '$1 == "f32" && $2 == n":" {print $3}')
-  t=$(echo "$theirs_gemm" | awk -v n="$n" '$2 == n":" {print $3}')
-  row "GEMM f32 n=$n (GFLOP/s)" "$o" "$t" 1
+  key=$(printf "f32 %5d" "$n")
+  row "GEMM f32 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_gemm" "$key")" 1
 done
 for n in "${gemm_sizes[@]}"; do
-  o=$(echo "$ours_gemm" | awk -v n="$n" '$1 == "bf16" && $2 == n":" {print $3}')
-  t=$(echo "$theirs_sdpa" | awk -v n="$n" '$1 == "bf16" && $2 == n":" {print $3}')
-  row "GEMM bf16 n=$n (GFLOP/s)" "$o" "$t" 1
+  key=$(printf "bf16 %5d" "$n")
+  row "GEMM bf16 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_sdpa" "$key")" 1
 done
-echo "$ours_sdpa" | while read -r line; do
-  key=${line%%:*}
-  o=$(echo "$line" | awk '{print $(NF-1)}')
-  t=$(echo "$theirs_sdpa" | grep -F "$key:" | awk '{print $(NF-1)}' || true)
-  row "SDPA ${key#f32 } (TFLOP/s)" "$o" "$t" 1000
+echo "$ours_sdpa" | grep ':' | cut -d: -f1 | awk '!seen[$0]++' | while read -r key; do
+  row "SDPA ${key#f32 } (TFLOP/s)" "$(best "$ours_sdpa" "$key")" "$(best "$theirs_sdpa" "$key")" 1000
 done
 [ "$have_torch" = yes ] || echo "(torch could not be installed here: the attention rows have no peer)"
