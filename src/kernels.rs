@@ -173,6 +173,39 @@ fn compile(_: &CudaModuleSource, _: u32) -> Result<String> {
     Err(nvrtc().expect_err("without the cuda feature NVRTC is never available"))
 }
 
+/// A kernel parameter's PTX type: what a launch must pass in its place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtxParam {
+    /// 32-bit integer (`int`).
+    B32,
+    /// 64-bit integer or pointer (`long long`, `T*`).
+    B64,
+    /// `float`.
+    F32,
+    /// `double`.
+    F64,
+}
+
+/// The parameter list of entry point `entry` in `ptx`, or `None` where the PTX has no such
+/// entry (or a parameter type this library never uses).
+pub fn ptx_params(ptx: &str, entry: &str) -> Option<Vec<PtxParam>> {
+    let start = ptx.find(&format!(".entry {entry}("))?;
+    let list = &ptx[start..];
+    let list = &list[list.find('(')? + 1..list.find(')')?];
+    list.split(',')
+        .map(|param| {
+            let ty = param.split_whitespace().nth(1)?;
+            Some(match ty {
+                ".u32" | ".s32" | ".b32" => PtxParam::B32,
+                ".u64" | ".s64" | ".b64" => PtxParam::B64,
+                ".f32" => PtxParam::F32,
+                ".f64" => PtxParam::F64,
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn report() -> serde_json::Value {
     serde_json::json!({
         "code": cuda_code().to_string(),
@@ -182,4 +215,21 @@ pub(crate) fn report() -> serde_json::Value {
         "cuda_kernels": ENTRIES.iter().filter(|e| e.cuda.is_some()).count(),
         "wgsl_kernels": ENTRIES.iter().filter(|e| e.wgsl.is_some()).count(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PtxParam, ptx_params};
+
+    #[test]
+    fn ptx_parameter_lists_are_read_by_entry() {
+        let ptx = ".visible .entry k1(\n\t.param .u64 k1_param_0,\n\t.param .u32 k1_param_1,\n\
+                   \t.param .f32 k1_param_2,\n\t.param .f64 k1_param_3\n)\n{\n}\n\
+                   .visible .entry k2(\n\t.param .s64 k2_param_0\n)\n";
+        use PtxParam::*;
+        assert_eq!(ptx_params(ptx, "k1"), Some(vec![B64, B32, F32, F64]));
+        assert_eq!(ptx_params(ptx, "k2"), Some(vec![B64]));
+        assert_eq!(ptx_params(ptx, "k3"), None);
+        assert_eq!(ptx_params(".entry k4(\n.param .b8 x\n)", "k4"), None);
+    }
 }

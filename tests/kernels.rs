@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use backends::kernels::{
-    self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, lookup,
+    self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, PtxParam, lookup,
 };
 use backends_codegen::variants;
 use common::in_child;
@@ -119,6 +119,59 @@ fn every_cuda_variant_has_ptx_for_every_arch() {
                 assert!(
                     ptx.contains(&format!(".entry {}(", entry.name)),
                     "{} in sm_{sm} PTX",
+                    entry.name
+                );
+            }
+        }
+    }
+}
+
+/// Each family's parameter list, as its template's header documents it (and as the CUDA
+/// launchers pass it: they check their arguments against the PTX before every launch).
+fn documented_params(family: Family) -> Vec<PtxParam> {
+    use PtxParam::{B32, B64, F32, F64};
+    let n = |p: PtxParam, count: usize| vec![p; count];
+    match family {
+        // A, B, out; M, N, K, batch, splits, k_slice; 6 operand strides, c_batch, c_row.
+        Family::Gemm => [n(B64, 3), n(B32, 6), n(B64, 8)].concat(),
+        // partials, C; M, N, batch, splits; c_batch, c_row.
+        Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
+        // x, y; rows, cols; scale.
+        Family::Softmax => vec![B64, B64, B32, B32, F32],
+        // S, mask; B, H, Lq, Lk, causal; 4 mask strides.
+        Family::MaskedAdd => [n(B64, 2), n(B32, 5), n(B64, 4)].concat(),
+        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; 12 strides; dropout_p, seed.
+        Family::FlashFwd => [n(B64, 5), n(B32, 4), vec![F32], n(B64, 12), vec![F64, B64]].concat(),
+        // q, k, v, mask, o, lse; H, Hk, Lq, Lk, D; scale; causal; 16 strides; dropout_p, seed.
+        Family::MemEffFwd => [
+            n(B64, 6),
+            n(B32, 5),
+            vec![F32, B32],
+            n(B64, 16),
+            vec![F64, B64],
+        ]
+        .concat(),
+        // x; n; factor.
+        Family::Scale => vec![B64, B64, F64],
+    }
+}
+
+#[cfg_attr(
+    not(backends_ptx),
+    ignore = "no PTX was built: NVRTC was absent or hidden at build time"
+)]
+#[test]
+fn every_cuda_kernel_takes_the_documented_parameters() {
+    for module in CUDA_MODULES.iter() {
+        for (sm, ptx) in module.ptx {
+            for entry in ENTRIES
+                .iter()
+                .filter(|e| e.key.family() == module.family && e.cuda.is_some())
+            {
+                assert_eq!(
+                    kernels::ptx_params(ptx, entry.name),
+                    Some(documented_params(module.family)),
+                    "{} for sm_{sm}",
                     entry.name
                 );
             }

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchArgs, LaunchConfig,
-    sys::CUresult,
+    PushKernelArg, sys::CUresult,
 };
 
-use crate::kernels::{self, KernelEntry, KernelKey};
+use crate::kernels::{self, KernelEntry, KernelKey, PtxParam};
 use crate::{Device, Error, Result};
 
 /// A CUDA allocation holding a tensor's elements.
@@ -118,12 +118,66 @@ impl Buffer {
     }
 }
 
-/// A generated kernel ready to launch on device `ordinal`: its table entry and function.
+/// A generated kernel ready to launch on device `ordinal`: its table entry, function and
+/// parameter list (read from its PTX).
 pub(crate) struct Kernel {
     /// The table entry (name, launch geometry).
     pub entry: &'static KernelEntry,
     function: CudaFunction,
     stream: Arc<CudaStream>,
+    params: Vec<PtxParam>,
+}
+
+/// A kernel's arguments in order, each with its PTX type, so that [`Kernel::launch`] can
+/// check them against the kernel's parameter list: a mismatch is an error, not a kernel
+/// reading garbage.
+pub(crate) struct Args<'a> {
+    inner: LaunchArgs<'a>,
+    kinds: Vec<PtxParam>,
+}
+
+impl<'a> Args<'a> {
+    /// A device pointer (`T*`).
+    pub(crate) fn ptr<'c: 'a>(&mut self, view: &'a CudaView<'c, u8>) -> &mut Self {
+        self.inner.arg(view);
+        self.kinds.push(PtxParam::B64);
+        self
+    }
+
+    /// An `int`.
+    pub(crate) fn int(&mut self, value: &'a i32) -> &mut Self {
+        self.inner.arg(value);
+        self.kinds.push(PtxParam::B32);
+        self
+    }
+
+    /// A `long long`.
+    pub(crate) fn long(&mut self, value: &'a i64) -> &mut Self {
+        self.inner.arg(value);
+        self.kinds.push(PtxParam::B64);
+        self
+    }
+
+    /// An `unsigned long long`.
+    pub(crate) fn ulong(&mut self, value: &'a u64) -> &mut Self {
+        self.inner.arg(value);
+        self.kinds.push(PtxParam::B64);
+        self
+    }
+
+    /// A `float`.
+    pub(crate) fn float(&mut self, value: &'a f32) -> &mut Self {
+        self.inner.arg(value);
+        self.kinds.push(PtxParam::F32);
+        self
+    }
+
+    /// A `double`.
+    pub(crate) fn double(&mut self, value: &'a f64) -> &mut Self {
+        self.inner.arg(value);
+        self.kinds.push(PtxParam::F64);
+        self
+    }
 }
 
 impl Kernel {
@@ -149,6 +203,15 @@ impl Kernel {
             });
         }
         let module = super::loader::module(ordinal, key.family())?;
+        let ptx = kernels::ptx_for(key.family(), major * 10 + minor)?;
+        let params = kernels::ptx_params(&ptx, entry.name).ok_or_else(|| Error::Driver {
+            call: "reading the kernel's parameters",
+            detail: format!(
+                "the PTX of {} has no readable entry {}",
+                key.family(),
+                entry.name
+            ),
+        })?;
         let function = module
             .load_function(entry.name)
             .map_err(|e| Error::Driver {
@@ -159,6 +222,7 @@ impl Kernel {
             entry,
             function,
             stream: stream(ordinal)?,
+            params,
         })
     }
 
@@ -175,8 +239,11 @@ impl Kernel {
 
     /// An empty argument list for this kernel, to fill with `arg` (in the order of the
     /// kernel's parameters) and pass to [`Kernel::launch`].
-    pub(crate) fn args(&self) -> LaunchArgs<'_> {
-        self.stream.launch_builder(&self.function)
+    pub(crate) fn args(&self) -> Args<'_> {
+        Args {
+            inner: self.stream.launch_builder(&self.function),
+            kinds: Vec::with_capacity(self.params.len()),
+        }
     }
 
     /// Launches the kernel on `grid` blocks with `args`.
@@ -185,11 +252,17 @@ impl Kernel {
     /// `args` must match the kernel's parameter list (its template's header comment) in
     /// number, order and type, and every buffer must be large enough for the indices the
     /// kernel forms from the sizes and strides passed.
-    pub(crate) unsafe fn launch(
-        &self,
-        mut args: LaunchArgs<'_>,
-        grid: (u32, u32, u32),
-    ) -> Result<()> {
+    pub(crate) unsafe fn launch(&self, args: Args<'_>, grid: (u32, u32, u32)) -> Result<()> {
+        if args.kinds != self.params {
+            return Err(Error::Driver {
+                call: "cuLaunchKernel",
+                detail: format!(
+                    "{} takes {:?} but the launch passes {:?} (a bug in this library: please report it)",
+                    self.entry.name, self.params, args.kinds
+                ),
+            });
+        }
+        let mut args = args.inner;
         let config = LaunchConfig {
             grid_dim: grid,
             block_dim: self.threads(),

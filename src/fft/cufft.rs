@@ -6,7 +6,7 @@ use std::ffi::c_int;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cufft::{result, sys};
-use cudarc::driver::{CudaView, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaView, DevicePtr};
 
 use super::{Direction, PlanKey};
 use crate::cuda::memory::{Buffer, Kernel, bind, grid_dim, long_arg, stream};
@@ -194,7 +194,7 @@ fn scale(ordinal: usize, buffer: &Buffer, dtype: DType, factor: f64) -> Result<(
     let count = long_arg(n);
     let grid = (grid_dim("an inverse FFT's scaling", n.div_ceil(256))?, 1, 1);
     let mut args = kernel.args();
-    args.arg(&view).arg(&count).arg(&factor);
+    args.ptr(&view).long(&count).double(&factor);
     // SAFETY: scale.cu takes (T*, long long n, double); the buffer holds n elements of T.
     unsafe { kernel.launch(args, grid) }
 }

@@ -7,8 +7,6 @@
 //! kernels: a size rule for handing products to the vendor needs GPU measurements, which
 //! `scripts/device-check.sh` takes (generated vs cuBLAS, side by side).
 
-use cudarc::driver::PushKernelArg;
-
 use super::{Problem, cublas, shapes};
 use crate::cuda::matmul as flags;
 use crate::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
@@ -194,12 +192,12 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
     };
     trace::kernel(describe, || {
         let mut args = gemm.args();
-        args.arg(&a_view).arg(&b_view).arg(&target);
+        args.ptr(&a_view).ptr(&b_view).ptr(&target);
         for v in &sizes {
-            args.arg(v);
+            args.int(v);
         }
         for s in &strides {
-            args.arg(s);
+            args.long(s);
         }
         // SAFETY: the arguments follow gemm.cu's parameter list; the operands hold every
         // element their strides reach (they are the tensors' own views), the target holds
@@ -219,14 +217,14 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         let (from, to) = (partials.view(0), out.view(0));
         let grid = (grid_dim(op, (p.batch * p.m * p.n).div_ceil(256))?, 1, 1);
         let mut args = reduce.args();
-        args.arg(&from)
-            .arg(&to)
-            .arg(&m)
-            .arg(&n)
-            .arg(&batch)
-            .arg(&splits)
-            .arg(&c_batch)
-            .arg(&c_row);
+        args.ptr(&from)
+            .ptr(&to)
+            .int(&m)
+            .int(&n)
+            .int(&batch)
+            .int(&splits)
+            .long(&c_batch)
+            .long(&c_row);
         // SAFETY: the arguments follow splitk_reduce.cu's parameter list; both buffers were
         // sized above for these sizes.
         unsafe { reduce.launch(args, grid) }?;

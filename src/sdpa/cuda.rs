@@ -2,8 +2,6 @@
 //! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
 //! dropout drawn by the same stateless per-weight decision as the host's math path.
 
-use cudarc::driver::PushKernelArg;
-
 use super::{Job, SdpaOutput, broadcast_strides};
 use crate::attention::SdpBackend;
 use crate::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
@@ -117,24 +115,24 @@ pub(super) fn fused(
                 .view(m.offset() * m.dtype().size())
         });
         let mut args = kernel.args();
-        args.arg(&views[0]).arg(&views[1]).arg(&views[2]);
+        args.ptr(&views[0]).ptr(&views[1]).ptr(&views[2]);
         if flash {
-            args.arg(&out_view).arg(&lse_view);
+            args.ptr(&out_view).ptr(&lse_view);
             for x in &ints[..4] {
-                args.arg(x);
+                args.int(x);
             }
-            args.arg(&scale);
+            args.float(&scale);
         } else {
-            args.arg(&mask_view).arg(&out_view).arg(&lse_view);
+            args.ptr(&mask_view).ptr(&out_view).ptr(&lse_view);
             for x in &ints {
-                args.arg(x);
+                args.int(x);
             }
-            args.arg(&scale).arg(&causal);
+            args.float(&scale).int(&causal);
         }
         for x in &all_strides {
-            args.arg(x);
+            args.long(x);
         }
-        args.arg(&o.dropout_p).arg(&o.seed);
+        args.double(&o.dropout_p).ulong(&o.seed);
         // SAFETY: the arguments follow the kernel's parameter list (flash_fwd.cu or
         // mem_eff_fwd.cu); q, k, v and the mask are the tensors' own views and hold every
         // element their strides reach; o and lse were allocated above for B x H x Lq rows.
