@@ -54,6 +54,13 @@ struct Problem {
 }
 
 impl Problem {
+    /// The element strides the GEMM kernels take, in their order: A's batch, row and column
+    /// strides, B's, then C's batch and row strides (C is contiguous).
+    fn kernel_strides(&self) -> [usize; 8] {
+        let (a, b) = (self.a, self.b);
+        [a[0], a[1], a[2], b[0], b[1], b[2], self.m * self.n, self.n]
+    }
+
     /// The number of output elements (batch x M x N), or an error where it overflows.
     fn outputs(&self) -> Result<usize> {
         self.batch
@@ -395,20 +402,10 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             })
         };
         let mut params = Vec::new();
-        for v in [
-            p.m,
-            p.n,
-            p.k,
-            p.batch,
-            p.a[0],
-            p.a[1],
-            p.a[2],
-            p.b[0],
-            p.b[1],
-            p.b[2],
-            p.m * p.n,
-            p.n,
-        ] {
+        for v in [p.m, p.n, p.k, p.batch]
+            .into_iter()
+            .chain(p.kernel_strides())
+        {
             params.extend_from_slice(&fits(v)?.to_le_bytes());
         }
         let (a_buf, b_buf) = (a.wgpu_buffer(), b.wgpu_buffer());

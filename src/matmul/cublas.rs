@@ -266,8 +266,14 @@ pub(super) fn gemm(
     } else {
         ((&raw const one32).cast(), (&raw const zero32).cast())
     };
-    let pointers = [b_ptr, a_ptr, c_ptr];
-    let scalars = (alpha, beta);
+    let product = Product {
+        p,
+        ops,
+        dtype,
+        math: m,
+        pointers: [b_ptr, a_ptr, c_ptr],
+        scalars: (alpha, beta),
+    };
     match vendor {
         Vendor::Cublas => {
             let handle = match handles.cublas {
@@ -282,7 +288,7 @@ pub(super) fn gemm(
                     handle
                 }
             };
-            run_cublas(handle, p, &ops, dtype, m, pointers, scalars)
+            run_cublas(handle, &product)
         }
         Vendor::CublasLt => {
             if handles.cublaslt.is_none() {
@@ -294,30 +300,33 @@ pub(super) fn gemm(
             let workspace = workspace.view(0);
             let (w_ptr, _w_sync) = workspace.device_ptr(&stream);
             let stream_ptr = stream.cu_stream() as lt::cudaStream_t;
-            run_cublaslt(
-                *handle,
-                (w_ptr, stream_ptr),
-                p,
-                &ops,
-                dtype,
-                m,
-                pointers,
-                scalars,
-            )
+            run_cublaslt(*handle, (w_ptr, stream_ptr), &product)
         }
     }
 }
 
-/// One `cublasGemmStridedBatchedEx`: `pointers` are B, A and C (see [`Operands`]).
-fn run_cublas(
-    handle: blas::cublasHandle_t,
-    p: &Problem,
-    ops: &Operands,
+/// One product as both libraries take it.
+struct Product<'a> {
+    p: &'a Problem,
+    ops: Operands,
     dtype: DType,
-    m: Math,
-    [first, second, c]: [u64; 3],
-    (alpha, beta): (*const c_void, *const c_void),
-) -> Result<()> {
+    math: Math,
+    /// Device addresses of B, A and C (see [`Operands`]).
+    pointers: [u64; 3],
+    /// Host addresses of alpha and beta, in the compute type's scalar type.
+    scalars: (*const c_void, *const c_void),
+}
+
+/// One `cublasGemmStridedBatchedEx`.
+fn run_cublas(handle: blas::cublasHandle_t, product: &Product) -> Result<()> {
+    let &Product {
+        p,
+        ref ops,
+        dtype,
+        math: m,
+        pointers: [first, second, c],
+        scalars: (alpha, beta),
+    } = product;
     let op = "matmul through cuBLAS";
     let int = |v: usize| int_arg(op, v);
     let trans = |t: bool| {
@@ -398,18 +407,25 @@ impl Drop for LtObjects {
     }
 }
 
-/// One `cublasLtMatmul` with the heuristic's best algorithm: `pointers` are B, A and C.
-#[allow(clippy::too_many_arguments)]
+/// Sets one cuBLASLt attribute to `value` through `set` (a descriptor's setter, given the
+/// value's address and size).
+fn attribute<T>(
+    call: &'static str,
+    value: &T,
+    set: impl FnOnce(*const c_void, usize) -> Result<(), cudarc::cublaslt::result::CublasError>,
+) -> Result<()> {
+    set((value as *const T).cast(), size_of::<T>()).map_err(lt_error(call))
+}
+
+/// One `cublasLtMatmul` with the heuristic's best algorithm, `workspace` holding
+/// [`LT_WORKSPACE`] bytes.
 fn run_cublaslt(
     handle: lt::cublasLtHandle_t,
     (workspace, stream): (u64, lt::cudaStream_t),
-    p: &Problem,
-    ops: &Operands,
-    dtype: DType,
-    m: Math,
-    [first, second, c]: [u64; 3],
-    (alpha, beta): (*const c_void, *const c_void),
+    product: &Product,
 ) -> Result<()> {
+    let (p, ops, dtype, m) = (product.p, &product.ops, product.dtype, product.math);
+    let ([first, second, c], (alpha, beta)) = (product.pointers, product.scalars);
     use cudarc::cublaslt::result as r;
     let scale_type = if m.compute == Compute::F16 {
         lt::cudaDataType::CUDA_R_16F
@@ -440,67 +456,53 @@ fn run_cublaslt(
         let layout = r::create_matrix_layout(data, rows, cols, ld)
             .map_err(lt_error("cublasLtMatrixLayoutCreate"))?;
         objects.layouts.push(layout);
-        let stride = long(batch_stride);
-        // SAFETY: a live layout; each attribute gets a value of its documented type.
-        unsafe {
-            r::set_matrix_layout_attribute(
-                layout,
-                lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                (&raw const batch).cast(),
-                size_of::<i32>(),
-            )
-            .and_then(|()| {
-                r::set_matrix_layout_attribute(
-                    layout,
-                    lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                    (&raw const stride).cast(),
-                    size_of::<i64>(),
-                )
-            })
-        }
-        .map_err(lt_error("cublasLtMatrixLayoutSetAttribute"))?;
+        use lt::cublasLtMatrixLayoutAttribute_t as L;
+        // SAFETY (both): a live layout; each attribute gets a value of its documented type.
+        let set = |attribute, value: *const c_void, size| unsafe {
+            r::set_matrix_layout_attribute(layout, attribute, value, size)
+        };
+        attribute("cublasLtMatrixLayoutSetAttribute", &batch, |v, n| {
+            set(L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, v, n)
+        })?;
+        attribute(
+            "cublasLtMatrixLayoutSetAttribute",
+            &long(batch_stride),
+            |v, n| set(L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, v, n),
+        )?;
     }
-    // cublasOperation_t: 0 = N, 1 = T.
-    let (trans_a, trans_b) = (i32::from(ops.first.0), i32::from(ops.second.0));
-    for (attribute, value) in [
-        (
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            trans_a,
-        ),
-        (
-            lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-            trans_b,
-        ),
+    // cublasOperation_t (32 bits): 0 = N, 1 = T.
+    use lt::cublasLtMatmulDescAttributes_t as D;
+    for (which, transposed) in [
+        (D::CUBLASLT_MATMUL_DESC_TRANSA, ops.first.0),
+        (D::CUBLASLT_MATMUL_DESC_TRANSB, ops.second.0),
     ] {
-        // SAFETY: a live descriptor; the transpose attributes take a 32-bit operation.
-        unsafe { r::set_matmul_desc_attribute(desc, attribute, (&raw const value).cast(), 4) }
-            .map_err(lt_error("cublasLtMatmulDescSetAttribute"))?;
+        attribute(
+            "cublasLtMatmulDescSetAttribute",
+            &i32::from(transposed),
+            |v, n| {
+                // SAFETY: a live descriptor; the transpose attributes take a 32-bit operation.
+                unsafe { r::set_matmul_desc_attribute(desc, which, v, n) }
+            },
+        )?;
     }
     let pref = r::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?;
     objects.pref = Some(pref);
-    let workspace_size = LT_WORKSPACE as u64;
-    // SAFETY: a live preference; the attributes take a u64 size and a u32 mask.
-    unsafe {
-        r::set_matmul_pref_attribute(
-            pref,
-            lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            (&raw const workspace_size).cast(),
-            size_of::<u64>(),
-        )
-    }
-    .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
+    use lt::cublasLtMatmulPreferenceAttributes_t as P;
+    // SAFETY (both): a live preference; the attributes take a u64 size and a u32 mask.
+    let set = |which, value: *const c_void, size| unsafe {
+        r::set_matmul_pref_attribute(pref, which, value, size)
+    };
+    attribute(
+        "cublasLtMatmulPreferenceSetAttribute",
+        &(LT_WORKSPACE as u64),
+        |v, n| set(P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, v, n),
+    )?;
     if !m.reduced_reduction {
-        let mask = REDUCE_IN_COMPUTE_TYPE;
-        // SAFETY: as above.
-        unsafe {
-            r::set_matmul_pref_attribute(
-                pref,
-                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                (&raw const mask).cast(),
-                size_of::<u32>(),
-            )
-        }
-        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
+        attribute(
+            "cublasLtMatmulPreferenceSetAttribute",
+            &REDUCE_IN_COMPUTE_TYPE,
+            |v, n| set(P::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, v, n),
+        )?;
     }
     let [a_layout, b_layout, c_layout] =
         [objects.layouts[0], objects.layouts[1], objects.layouts[2]];

@@ -162,17 +162,7 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         .map(|v| int_arg(op, v))
         .into_iter()
         .collect::<Result<Vec<i32>>>()?;
-    let strides = [
-        p.a[0],
-        p.a[1],
-        p.a[2],
-        p.b[0],
-        p.b[1],
-        p.b[2],
-        p.m * p.n,
-        p.n,
-    ]
-    .map(long_arg);
+    let strides = p.kernel_strides().map(long_arg);
     let grid = (
         grid_dim(op, p.n.div_ceil(tile[1] as usize))?,
         grid_dim(op, p.m.div_ceil(tile[0] as usize))?,
