@@ -118,6 +118,7 @@ fn sdpa_benches(c: &mut Criterion) {
         bench::<f16>(c, device, SdpBackend::Flash, &lengths, &[64, 128]);
         bench::<f32>(c, device, SdpBackend::MemEfficient, &lengths, &[64, 128]);
         bench::<bf16>(c, device, SdpBackend::MemEfficient, &lengths, &[64, 128]);
+        bench::<bf16>(c, device, SdpBackend::Cudnn, &lengths, &[64, 128]);
         bench::<bf16>(c, device, SdpBackend::Math, &[512, 1024], &[64]);
     }
     for index in 0..backends::adapters::list().len() {

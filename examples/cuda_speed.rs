@@ -166,6 +166,7 @@ fn main() -> backends::Result<()> {
     for (backend, name) in [
         (SdpBackend::Flash, "flash"),
         (SdpBackend::MemEfficient, "mem-efficient"),
+        (SdpBackend::Cudnn, "cudnn"),
     ] {
         for d in [64, 128] {
             for causal in [false, true] {

@@ -13,12 +13,15 @@
 #       GPU; PTX assembled for the GPU's arch; device memory, GEMM under each precision flag,
 #       split-K, cuBLAS and attention against float64), the `backends` report and
 #       self-checks, then
-#       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient SDPA
-#       forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
+#       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient / cuDNN
+#       SDPA forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
+#       The vendor libraries (cuBLAS, cuBLASLt, cuFFT, cuDNN) are PyTorch's wheels' copies,
+#       put on LD_LIBRARY_PATH.
 #       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
 #
 # Then it times ours on the same GPU (examples/cuda_speed.rs: generated GEMM kernels,
-# cuBLAS and cuBLASLt, flash and memory-efficient attention) and prints both side by side.
+# cuBLAS and cuBLASLt, flash, memory-efficient and cuDNN attention) and prints both side by
+# side.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -62,6 +65,17 @@ print(sorted(hits)[-1] if hits else "")
 PY
 )
   [ -n "$nvrtc" ] && export BACKENDS_NVRTC_LIB="$nvrtc" && echo "NVRTC: $nvrtc"
+  # cuBLAS, cuBLASLt, cuFFT and cuDNN: the ones PyTorch's wheels bring, found by their
+  # standard names once their folders are on the library path.
+  local libs
+  libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+paths = site.getsitepackages() + [site.getusersitepackages()]
+dirs = {os.path.dirname(p) for d in paths for p in glob.glob(os.path.join(d, "nvidia", "*", "lib", "lib*.so*"))}
+print(":".join(sorted(dirs)))
+PY
+)
+  [ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && echo "vendor libraries: $libs"
   local backends_bin test_cuda speed_bin
   if command -v cargo >/dev/null && [ -f "$dev/vendor.tar.gz" ]; then
     echo "== building offline from the vendored crates"
@@ -129,17 +143,23 @@ def reference(q, k, v, causal):
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=dev).triu(1), float("-inf"))
     return s.softmax(-1) @ vd
 
-for backend, bname in [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "mem-efficient")]:
+for backend, bname in [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "mem-efficient"), (SDPBackend.CUDNN_ATTENTION, "cudnn")]:
     for d in (64, 128):
         for causal in (False, True):
             for l in (1024, 4096):
+                name = f"SDPA {bname} bf16 d{d} L{l}{' causal' if causal else ''}"
                 q, k, v = (torch.randn(2, 16, l, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
-                with sdpa_kernel([backend]):
-                    t = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                    out = F.scaled_dot_product_attention(q[:, :2], k[:, :2], v[:, :2], is_causal=causal)
+                try:
+                    with sdpa_kernel([backend]):
+                        t = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                        out = F.scaled_dot_product_attention(q[:, :2], k[:, :2], v[:, :2], is_causal=causal)
+                except RuntimeError as e:
+                    print(f"torch {name}: {str(e).splitlines()[0]}")
+                    rows.append((name, float("nan"), float("nan")))
+                    continue
                 flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
                 err = rel(out, reference(q[:, :2], k[:, :2], v[:, :2], causal))
-                rows.append((f"SDPA {bname} bf16 d{d} L{l}{' causal' if causal else ''}", flops / t / 1e12, err))
+                rows.append((name, flops / t / 1e12, err))
 
 import os
 ours = {}

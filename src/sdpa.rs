@@ -7,8 +7,8 @@
 //!   blocks).
 //! - wgpu: flash and memory-efficient attention through the generated WGSL kernels.
 //! - CUDA: flash (f16/bf16 tensor cores) and memory-efficient attention (masks, f32) through
-//!   the generated CUDA kernels, with dropout (`sdpa/cuda.rs`). cuDNN's fused attention is
-//!   not wired up: where cuDNN is selected on CUDA tensors the call is an error that says so.
+//!   the generated CUDA kernels, with dropout (`sdpa/cuda.rs`); cuDNN's fused attention
+//!   through its backend graph API, with plans cached per shape (`sdpa/cudnn.rs`).
 //! - Math on wgpu and CUDA runs the reference on the host (the trace says so).
 //!
 //! A query row that sees no key (fully masked, or causal with no key before it) gives NaN
@@ -17,6 +17,8 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cudnn;
 
 use std::borrow::Cow;
 
@@ -186,6 +188,12 @@ pub fn sdpa(
         (Device::Cuda(ordinal), SdpBackend::Flash | SdpBackend::MemEfficient) => {
             trace::kernel(describe(&cuda::note(backend, query.dtype())), || {
                 cuda::fused(ordinal, backend, pin.and_then(|p| p.entry()), &job)
+            })
+        }
+        #[cfg(feature = "cuda")]
+        (Device::Cuda(ordinal), SdpBackend::Cudnn) => {
+            trace::kernel(describe("cuDNN fused graph, f32 softmax"), || {
+                cudnn::attention(ordinal, &job)
             })
         }
         (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Math) => {

@@ -1,8 +1,8 @@
 //! On a machine with an NVIDIA GPU: every generated CUDA module loads into the driver for
 //! device 0 (embedded PTX or NVRTC at run time) and exposes each variant's entry point;
 //! tensors round-trip through device memory; `matmul` (generated kernels under each
-//! precision flag, split-K, cuBLAS) and flash / memory-efficient attention match a float64
-//! reference. Without a GPU, each test prints why it was skipped.
+//! precision flag, split-K, cuBLAS) and flash / memory-efficient / cuDNN attention match a
+//! float64 reference. Without a GPU, each test prints why it was skipped.
 
 #![cfg(feature = "cuda")]
 
@@ -354,6 +354,112 @@ fn fused_dropout_drops_the_weights_the_host_math_path_drops() {
             "{backend}: dropout changed nothing"
         );
     }
+}
+
+/// Whether cuDNN can serve here, after printing why not.
+fn cudnn_loadable() -> bool {
+    let loadable = backends::cudnn::version().is_some_and(|v| v >= 90000);
+    if !loadable {
+        eprintln!("skipped: cuDNN 9 is not loadable (put libcudnn.so.9 on LD_LIBRARY_PATH)");
+    }
+    loadable
+}
+
+#[test]
+fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
+    let Some(d) = gpu() else { return };
+    if !cudnn_loadable() {
+        return;
+    }
+    let _only = backends::attention::sdpa_kernel_scoped(&[SdpBackend::Cudnn], false);
+    for dtype in [DType::Bf16, DType::F16] {
+        for (dims, causal) in [
+            ([2, 3, 3, 17, 17, 64], false),
+            ([1, 4, 4, 128, 128, 128], true),
+            ([1, 2, 2, 333, 333, 64], true),
+            ([1, 2, 2, 20, 50, 64], true),
+            ([1, 2, 2, 50, 20, 128], false),
+        ] {
+            let (err, backend) = attention_error(d, dtype, dims, causal, None);
+            assert_eq!(backend, SdpBackend::Cudnn, "{dims:?}");
+            assert!(err < 1e-2, "{dtype} {dims:?} causal={causal}: {err}");
+        }
+        // The log-sum-exp against the host's fused path on the same (rounded) inputs.
+        let shape = [2, 2, 77, 64];
+        let n: usize = shape.iter().product();
+        let gpu_in: Vec<Tensor> = (0..3)
+            .map(|_| Tensor::from_f64(&random(n), &shape, dtype, Device::Cuda(d)).unwrap())
+            .collect();
+        let host_in: Vec<Tensor> = gpu_in
+            .iter()
+            .map(|t| t.to_device(Device::Cpu).unwrap())
+            .collect();
+        let options = SdpaOptions {
+            is_causal: true,
+            ..Default::default()
+        };
+        let got = sdpa(&gpu_in[0], &gpu_in[1], &gpu_in[2], &options).unwrap();
+        let want = {
+            let _cpu = backends::attention::sdpa_kernel_scoped(&[SdpBackend::Flash], false);
+            sdpa(&host_in[0], &host_in[1], &host_in[2], &options).unwrap()
+        };
+        let (got, want) = (
+            got.lse
+                .expect("cuDNN returns the log-sum-exp")
+                .to_f64()
+                .unwrap(),
+            want.lse
+                .expect("the CPU fused path returns it")
+                .to_f64()
+                .unwrap(),
+        );
+        assert_eq!(got.len(), 2 * 2 * 77);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 2e-2, "{dtype} log-sum-exp off by {worst}");
+    }
+}
+
+#[test]
+fn cudnn_dropout_is_seeded_and_keeps_the_expectation() {
+    let Some(d) = gpu() else { return };
+    if !cudnn_loadable() {
+        return;
+    }
+    let _only = backends::attention::sdpa_kernel_scoped(&[SdpBackend::Cudnn], false);
+    let device = Device::Cuda(d);
+    let shape = [1, 4, 256, 64];
+    let n: usize = shape.iter().product();
+    let q = Tensor::from_f64(&random(n), &shape, DType::Bf16, device).unwrap();
+    let k = Tensor::from_f64(&random(n), &shape, DType::Bf16, device).unwrap();
+    // With v = 1 every output is the sum of the row's kept weights, rescaled: 1 on average.
+    let v = Tensor::from_f64(&vec![1.0; n], &shape, DType::Bf16, device).unwrap();
+    let run = |seed| {
+        let options = SdpaOptions {
+            dropout_p: 0.2,
+            seed,
+            ..Default::default()
+        };
+        let out = sdpa(&q, &k, &v, &options).unwrap();
+        assert_eq!(out.backend, SdpBackend::Cudnn);
+        out.output.to_f64().unwrap()
+    };
+    let (a, again, other) = (run(11), run(11), run(12));
+    assert_eq!(a, again, "the same seed drops the same weights");
+    assert_ne!(a, other, "another seed drops other weights");
+    let mean = a.iter().sum::<f64>() / a.len() as f64;
+    assert!(
+        (mean - 1.0).abs() < 0.02,
+        "dropout changed the expectation: {mean}"
+    );
+    let spread = a.iter().map(|x| (x - 1.0).abs()).fold(0.0, f64::max);
+    assert!(
+        spread > 0.01,
+        "dropout changed nothing (largest deviation {spread})"
+    );
 }
 
 /// A complex-to-complex transform of `backends::fft`.
