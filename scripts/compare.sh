@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Side by side on this machine, in one run, with the same thread count (the best of ROUNDS,
 # default 3, alternating rounds, each the median of several runs): our CPU f32 GEMM against
-# numpy/OpenBLAS, our bf16 GEMM against PyTorch's (oneDNN), our CPU f32 attention against
-# PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
+# numpy/OpenBLAS, our bf16 GEMM against PyTorch's (oneDNN), our CPU f32 and bf16 attention
+# against PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
 # fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs).
 #
 # Installs numpy (and, for the attention rows, torch: a large download) into .venv/ from
@@ -66,10 +66,11 @@ for n in map(int, sys.argv[2].split(",")):
         t0 = time.perf_counter(); a @ b; times.append(time.perf_counter() - t0)
     times.sort()
     print(f"bf16 {n:5}: {2 * n**3 / times[2] / 1e9:8.1f} GFLOP/s")
-for d in (64, 128):
+for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+  for d in (64, 128):
     for causal in (False, True):
         for l in map(int, sys.argv[3:]):
-            q, k, v = (torch.rand(2, 16, l, d) * 2 - 1 for _ in range(3))
+            q, k, v = ((torch.rand(2, 16, l, d) * 2 - 1).to(dtype) for _ in range(3))
             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             times = []
             for _ in range(5):
@@ -78,7 +79,7 @@ for d in (64, 128):
                 times.append(time.perf_counter() - t0)
             times.sort()
             flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
-            print(f"f32 d{d} L{l} causal={'true' if causal else 'false'}: {flops / times[2] / 1e12:.3f} TFLOP/s")
+            print(f"{name} d{d} L{l} causal={'true' if causal else 'false'}: {flops / times[2] / 1e12:.3f} TFLOP/s")
 print(f"# torch {torch.__version__}")
 PY
 }
@@ -98,13 +99,13 @@ echo "measured fp32 FMA peak: $peak GFLOP/s"
 echo "peers: $(echo "$theirs_gemm" | grep -m1 '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep -m1 '^#' | cut -c3-)}"
 echo "best of $rounds alternating rounds, each the median of several runs"
 echo
-printf "%-38s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
+printf "%-46s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
 row() { # name ours theirs unit-scale (GFLOP/s per unit)
   local o="$2" t="$3" s="$4"
   if [ -z "$t" ]; then
-    printf "%-38s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
+    printf "%-46s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
   else
-    printf "%-38s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
+    printf "%-46s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
       "$(echo "$o * $s / $peak" | bc -l)" "$(echo "$t * $s / $peak" | bc -l)"
   fi
 }
@@ -121,6 +122,6 @@ for n in "${gemm_sizes[@]}"; do
   row "GEMM bf16 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_sdpa" "$key")" 1
 done
 echo "$ours_sdpa" | grep ':' | cut -d: -f1 | awk '!seen[$0]++' | while read -r key; do
-  row "SDPA ${key#f32 } (TFLOP/s)" "$(best "$ours_sdpa" "$key")" "$(best "$theirs_sdpa" "$key")" 1000
+  row "SDPA $key (TFLOP/s)" "$(best "$ours_sdpa" "$key")" "$(best "$theirs_sdpa" "$key")" 1000
 done
 [ "$have_torch" = yes ] || echo "(torch could not be installed here: the attention rows have no peer)"

@@ -25,7 +25,7 @@ use half::{bf16, f16};
 use crate::cpu_gemm::{self, MatView, Rounding};
 use crate::flag::{EnvInit, Flag};
 use crate::kernels::{Elem, GemmKey, GemmMath, KernelKey};
-use crate::tensor::{Element, Storage, Tensor, host_zeros};
+use crate::tensor::{Element, Storage, Tensor, host_zeros, narrow};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Fp32Precision, Result};
 
@@ -295,35 +295,12 @@ fn run_cpu<T: Element>(
             &mut out,
             |va, vb, c| cpu_gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
         );
-        Tensor::from_vec(narrow::<T>(out, threads)?, &p.out_shape, Device::Cpu)
+        Tensor::from_vec(
+            narrow::<T>("matmul", out, threads)?,
+            &p.out_shape,
+            Device::Cpu,
+        )
     })
-}
-
-/// The f32 results as `T`: in place for f32 (same size and alignment, no copy), else
-/// rounded on `threads` threads.
-fn narrow<T: Element>(out: Vec<f32>, threads: usize) -> Result<Vec<T>> {
-    if T::DTYPE == DType::F32 {
-        return Ok(out.into_iter().map(T::from_f32).collect());
-    }
-    let mut narrow = host_zeros::<T>("matmul", out.len())?;
-    let round = |to: &mut [T], from: &[f32]| {
-        for (t, &f) in to.iter_mut().zip(from) {
-            *t = T::from_f32(f);
-        }
-    };
-    // Chunks of at least 64 Ki elements; the first runs on the calling thread.
-    let per = out.len().div_ceil(threads.max(1)).max(1 << 16);
-    let mut chunks = narrow.chunks_mut(per).zip(out.chunks(per));
-    let first = chunks.next();
-    std::thread::scope(|s| {
-        for (to, from) in chunks {
-            s.spawn(move || round(to, from));
-        }
-        if let Some((to, from)) = first {
-            round(to, from);
-        }
-    });
-    Ok(narrow)
 }
 
 /// Runs `product` on every batch's views, writing each batch's `m x n` result into its

@@ -27,7 +27,7 @@ use half::{bf16, f16};
 use crate::attention::{self, SdpBackend};
 use crate::cuda::{SDPAParams, TensorMeta};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::tensor::{Storage, Tensor, host_zeros};
+use crate::tensor::{Storage, Tensor, host_zeros, narrow};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
 
@@ -323,6 +323,45 @@ fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
         DType::F32 => t.to_vec::<f32>()?,
         _ => host_f64(t)?.into_iter().map(|x| x as f32).collect(),
     }))
+}
+
+/// q, k or v as the CPU fused path reads it: f32 values (borrowed when the tensor is
+/// contiguous f32), or a contiguous 16-bit tensor's own elements, which each thread widens
+/// piece by piece as it needs them (no serial whole-tensor conversion).
+enum Input<'a> {
+    F32(Cow<'a, [f32]>),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Input<'a> {
+    fn of(t: &'a Tensor) -> Result<Input<'a>> {
+        if let Some(values) = t.contiguous_host::<bf16>() {
+            return Ok(Input::Bf16(values));
+        }
+        if let Some(values) = t.contiguous_host::<f16>() {
+            return Ok(Input::F16(values));
+        }
+        host_f32(t).map(Input::F32)
+    }
+
+    /// Elements `range` as f32: borrowed for f32 inputs, else widened into `wide`.
+    fn f32s<'s>(&'s self, range: std::ops::Range<usize>, wide: &'s mut Vec<f32>) -> &'s [f32] {
+        use half::slice::HalfFloatSliceExt;
+        let len = range.len();
+        match self {
+            Input::F32(values) => return &values[range],
+            Input::Bf16(values) => {
+                wide.resize(len, 0.0);
+                values[range].convert_to_f32_slice(wide);
+            }
+            Input::F16(values) => {
+                wide.resize(len, 0.0);
+                values[range].convert_to_f32_slice(wide);
+            }
+        }
+        wide
+    }
 }
 
 /// The mask as additive values with broadcast strides over `[B, H, Lq, Lk]`.
@@ -905,7 +944,7 @@ fn run_block(args: BlockArgs) {
 /// scores per thread.
 fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
-    let (qv, kv, vv) = (host_f32(q)?, host_f32(k)?, host_f32(v)?);
+    let (qv, kv, vv) = (Input::of(q)?, Input::of(k)?, Input::of(v)?);
     let scale = scale as f32;
     let bias = Bias::of(o.attn_mask)?;
     let bias_values: Option<Vec<f32>> = bias
@@ -933,10 +972,13 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     }
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let per = items.len().div_ceil(threads);
-    let (qv, kv, vv, bias, bias_values) = (&*qv, &*kv, &*vv, &bias, &bias_values);
+    let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
     let work = |chunk: Vec<(usize, &mut [f32], &mut [f32])>| {
-        // The keys of the head in hand, transposed (threads take runs of items of one head).
+        // The keys of the head in hand, transposed, and its values as f32 where the input is
+        // 16-bit (threads take runs of items of one head).
         let mut kt: (Option<usize>, Vec<f32>) = (None, Vec::new());
+        let mut v_head: (Option<usize>, Vec<f32>) = (None, Vec::new());
+        let mut wide = Vec::new();
         let mut q_block = vec![0f32; BLOCK_M * s.d];
         for (item, o_here, l_here) in chunk {
             let (bh, blk) = (item / blocks, item % blocks);
@@ -945,23 +987,32 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
             // The block's queries, scaled once here (the same f32 product the scores would
             // form each time).
-            let q_rows = &qv[(bh * s.lq + rows.start) * s.d..(bh * s.lq + rows.end) * s.d];
+            let q_rows = qv.f32s(
+                (bh * s.lq + rows.start) * s.d..(bh * s.lq + rows.end) * s.d,
+                &mut wide,
+            );
             let q = &mut q_block[..q_rows.len()];
             for (x, &y) in q.iter_mut().zip(q_rows) {
                 *x = y * scale;
             }
             let kvh = b * s.hk + hk;
             if kt.0 != Some(kvh) {
-                transpose_keys(
-                    &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d],
-                    s.lk,
-                    s.d,
-                    &mut kt.1,
-                );
+                let keys = kv.f32s(kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d, &mut wide);
+                transpose_keys(keys, s.lk, s.d, &mut kt.1);
                 kt.0 = Some(kvh);
             }
             let kt = &kt.1;
-            let v = &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv];
+            let values = kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv;
+            let v = match vv {
+                Input::F32(all) => &all[values],
+                _ => {
+                    if v_head.0 != Some(kvh) {
+                        vv.f32s(values, &mut v_head.1);
+                        v_head.0 = Some(kvh);
+                    }
+                    &v_head.1
+                }
+            };
             let mask = bias
                 .as_ref()
                 .zip(bias_values.as_deref())
@@ -996,6 +1047,14 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     });
     let output = match q.dtype() {
         DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,
+        DType::Bf16 => Tensor::from_vec(
+            narrow::<bf16>(OP_CPU, out, threads)?,
+            out_shape,
+            Device::Cpu,
+        )?,
+        DType::F16 => {
+            Tensor::from_vec(narrow::<f16>(OP_CPU, out, threads)?, out_shape, Device::Cpu)?
+        }
         dtype => {
             let out: Vec<f64> = out.into_iter().map(f64::from).collect();
             Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)?

@@ -147,6 +147,37 @@ pub struct Tensor {
     offset: usize,
 }
 
+/// f32 results of `op` as `T`: moved as they are for f32, else rounded on `threads` threads
+/// into a fallibly allocated vector.
+pub(crate) fn narrow<T: Element>(
+    op: &'static str,
+    out: Vec<f32>,
+    threads: usize,
+) -> Result<Vec<T>> {
+    if T::DTYPE == DType::F32 {
+        return Ok(out.into_iter().map(T::from_f32).collect());
+    }
+    let mut narrow = host_zeros::<T>(op, out.len())?;
+    let round = |to: &mut [T], from: &[f32]| {
+        for (t, &f) in to.iter_mut().zip(from) {
+            *t = T::from_f32(f);
+        }
+    };
+    // Chunks of at least 64 Ki elements; the first runs on the calling thread.
+    let per = out.len().div_ceil(threads.max(1)).max(1 << 16);
+    let mut chunks = narrow.chunks_mut(per).zip(out.chunks(per));
+    let first = chunks.next();
+    std::thread::scope(|s| {
+        for (to, from) in chunks {
+            s.spawn(move || round(to, from));
+        }
+        if let Some((to, from)) = first {
+            round(to, from);
+        }
+    });
+    Ok(narrow)
+}
+
 /// A zeroed host buffer of `len` elements, or [`Error::OutOfMemory`] (with what `op` was
 /// doing) where the allocation fails: the large outputs of the CPU kernels are allocated
 /// here, so that a product too big for the machine is an error, not an abort. The zeroing
