@@ -585,9 +585,11 @@ mod x86 {
         unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for step in 0..steps {
-            // SAFETY: step < steps, so the reads stay inside the panels (caller). A pair
-            // of bf16 values and an f32 are both 32 bits: the casts reinterpret lanes.
+            // SAFETY: step < steps, so the reads stay inside the panels (caller); prefetches
+            // past the panel's end do not fault. A pair of bf16 values and an f32 are both
+            // 32 bits: the casts reinterpret lanes.
             unsafe {
+                prefetch_b::<NV>(b, step);
                 let mut bv = [_mm512_setzero_ps(); NV];
                 for (v, slot) in bv.iter_mut().enumerate() {
                     *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));
@@ -602,6 +604,24 @@ mod x86 {
         }
         // SAFETY: C holds the tile (caller).
         unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
+    }
+
+    /// Steps ahead of the one being computed whose B lines the micro-kernels prefetch: the
+    /// 64-wide B panel (96 KiB at 384 steps) outgrows L1 and streams from L2, where the
+    /// loads stalled the FMAs (measured +10-19% on an Intel Xeon at n = 1024..4096).
+    const PREFETCH_STEPS: usize = 6;
+
+    /// Prefetches the `NV` B vectors of step `step + PREFETCH_STEPS` into L1.
+    ///
+    /// # Safety
+    /// None: the address is only computed (wrapping) and prefetched, never read.
+    #[inline(always)]
+    unsafe fn prefetch_b<const NV: usize>(b: *const f32, step: usize) {
+        for v in 0..NV {
+            let ahead = b.wrapping_add(((step + PREFETCH_STEPS) * NV + v) * 16);
+            // SAFETY: a prefetch does not fault, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.cast()) };
+        }
     }
 
     /// Asks for the C tile's cache lines ahead of the K loop, so that storing (or adding to)
@@ -665,8 +685,10 @@ mod x86 {
         unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
         for step in 0..kc {
-            // SAFETY: step < kc, so the reads stay inside the panels (caller).
+            // SAFETY: step < kc, so the reads stay inside the panels (caller); prefetches
+            // past the panel's end do not fault.
             unsafe {
+                prefetch_b::<NV>(b, step);
                 let mut bv = [_mm512_setzero_ps(); NV];
                 for (v, slot) in bv.iter_mut().enumerate() {
                     *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));

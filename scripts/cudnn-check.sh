@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Checks the cuDNN attention graph (src/sdpa/cudnn.rs) on a machine without a GPU:
+#  - installs cuDNN 9 from PyPI (nvidia-cudnn-cu12, a ~700 MB download) into .cuda/;
+#  - builds a stand-in libcuda.so.1 into .cuda/stub/: cuDNN's engine library links against
+#    the driver, and without one cuDNN refuses to finalize operations. Every call of the
+#    stand-in reports "no device"; it is only put on the library path of this check;
+#  - runs the unit test that builds the attention graph for f16/bf16, causal or not, with
+#    and without dropout, and finalizes every tensor and operation descriptor in it.
+# What needs a GPU (the operation graph, cuDNN's engine choice, execution) is tested by
+# tests/cuda.rs on a lent GPU (scripts/device-check.sh).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+lib="$root/.cuda/nvidia/cudnn/lib"
+if [ ! -e "$lib/libcudnn.so.9" ]; then
+  echo "cudnn-check: installing cuDNN 9 from PyPI into .cuda/" >&2
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$root/.cuda" \
+    --upgrade nvidia-cudnn-cu12
+fi
+stub="$root/.cuda/stub"
+if [ ! -e "$stub/libcuda.so.1" ]; then
+  mkdir -p "$stub"
+  cat > "$stub/cuda_stub.c" <<'C'
+/* A stand-in for the CUDA driver on a machine without a GPU: every call reports no device. */
+enum { NO_DEVICE = 100 };
+int cuGetErrorString(int error, const char **text) { (void)error; *text = "no device (stand-in driver)"; return 0; }
+int cuModuleGetFunction(void *f, void *m, const char *name) { (void)f; (void)m; (void)name; return NO_DEVICE; }
+int cuModuleLoadData(void *m, const void *image) { (void)m; (void)image; return NO_DEVICE; }
+int cuModuleUnload(void *m) { (void)m; return NO_DEVICE; }
+int cuTensorMapEncodeIm2col(void) { return NO_DEVICE; }
+int cuTensorMapEncodeTiled(void) { return NO_DEVICE; }
+C
+  cc -shared -fPIC -o "$stub/libcuda.so.1" -Wl,-soname,libcuda.so.1 "$stub/cuda_stub.c"
+fi
+LD_LIBRARY_PATH="$lib:$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  cargo test --release --lib sdpa::cudnn -- --nocapture
