@@ -384,6 +384,17 @@ fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
             assert_eq!(backend, SdpBackend::Cudnn, "{dims:?}");
             assert!(err < 1e-2, "{dtype} {dims:?} causal={causal}: {err}");
         }
+        // With cudnn::benchmark, a new shape's plan is the fastest of every candidate.
+        {
+            let _benchmark = backends::cudnn::flags_scoped(backends::cudnn::Flags {
+                benchmark: Some(true),
+                benchmark_limit: Some(0),
+                ..Default::default()
+            });
+            let (err, backend) = attention_error(d, dtype, [1, 3, 3, 96, 96, 64], true, None);
+            assert_eq!(backend, SdpBackend::Cudnn);
+            assert!(err < 1e-2, "{dtype} with benchmark: {err}");
+        }
         // The log-sum-exp against the host's fused path on the same (rounded) inputs.
         let shape = [2, 2, 77, 64];
         let n: usize = shape.iter().product();

@@ -3,12 +3,15 @@
 //! mask (top-left aligned, as PyTorch's), softmax with its log-sum-exp, dropout from cuDNN's
 //! Philox generator, P·V — for which cuDNN's heuristics pick a fused (flash) engine. The
 //! finalized plan is kept per device and shape, so a repeated call only binds pointers.
+//! With `cudnn::benchmark` on, the first call of a shape times the heuristics' first
+//! `cudnn::benchmark_limit` plans (0: every one) on its own tensors and keeps the fastest.
 //!
 //! cuDNN draws dropout from its own generator, seeded by `SdpaOptions::seed`: the same seed
 //! drops the same weights run to run, but not the ones the other backends drop.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
+use std::rc::Rc;
 use std::sync::{LazyLock, Mutex, OnceLock};
 
 use cudarc::cudnn::sys as dnn;
@@ -497,12 +500,19 @@ fn attention_graph(spec: &Spec) -> Result<Graph> {
     Ok(g)
 }
 
-/// A finalized execution plan with the graph it was built from.
+/// The descriptors a plan was built from, kept alive with it.
+struct Sources {
+    _graph: Graph,
+    _op_graph: Desc,
+    _heuristics: Desc,
+    _configs: Vec<Desc>,
+}
+
+/// A finalized execution plan and the workspace it needs.
 struct Plan {
     plan: Desc,
-    workspace: i64,
-    /// Kept alive for the plan's lifetime.
-    _graph: (Graph, Desc),
+    workspace: usize,
+    _sources: Rc<Sources>,
 }
 
 /// One device's cuDNN handle and plans, used under `DEVICES`' lock.
@@ -511,7 +521,9 @@ struct DeviceState {
     plans: HashMap<Spec, Plan>,
 }
 
-// SAFETY: the handle and plans are used from one thread at a time, under `DEVICES`' lock.
+// SAFETY: the handle and plans are used from one thread at a time, under `DEVICES`' lock;
+// the `Rc`s a plan holds are shared only with plans built in the same call, which are kept
+// in the same state or dropped before the lock is released.
 unsafe impl Send for DeviceState {}
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceState>>> = LazyLock::new(Default::default);
@@ -519,7 +531,29 @@ static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceState>>> = LazyLock::new(Def
 /// Plans kept per device before the cache starts over.
 const PLANS_PER_DEVICE: usize = 64;
 
-fn build_plan(handle: dnn::cudnnHandle_t, spec: &Spec) -> Result<Plan> {
+/// Timed runs per candidate plan when `cudnn::benchmark` is on (after one warm-up run).
+const BENCHMARK_RUNS: usize = 3;
+
+fn get_int(desc: &Desc, name: A) -> Result<i64> {
+    let (mut value, mut n) = (0i64, 0i64);
+    // SAFETY: reads one int64 attribute into `value`.
+    let status = unsafe {
+        dnn::cudnnBackendGetAttribute(
+            desc.0,
+            name,
+            T::CUDNN_TYPE_INT64,
+            1,
+            &mut n,
+            (&raw mut value).cast(),
+        )
+    };
+    check(status, "cudnnBackendGetAttribute", &name)?;
+    Ok(value)
+}
+
+/// Plans for `spec` on `handle`, in the order of cuDNN's heuristics: the first `wanted`
+/// engine configurations that build (at least one, or an error naming why none did).
+fn build_plans(handle: dnn::cudnnHandle_t, spec: &Spec, wanted: usize) -> Result<Vec<Plan>> {
     let graph = attention_graph(spec)?;
     let og = Desc::new(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     let ops: Vec<&Desc> = graph.ops.iter().collect();
@@ -585,8 +619,12 @@ fn build_plan(handle: dnn::cudnnHandle_t, spec: &Spec) -> Result<Plan> {
         &A::CUDNN_ATTR_ENGINEHEUR_RESULTS,
     )?;
 
+    let mut built = Vec::new();
     let mut failures = Vec::new();
     for config in configs.iter().take(written.max(0) as usize) {
+        if built.len() == wanted {
+            break;
+        }
         let plan = Desc::new(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
         // SAFETY: a cudnnHandle_t is CUDNN_TYPE_HANDLE.
         unsafe {
@@ -599,43 +637,38 @@ fn build_plan(handle: dnn::cudnnHandle_t, spec: &Spec) -> Result<Plan> {
         plan.descs(A::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
         match plan.finalize() {
             Ok(plan) => {
-                let mut workspace = 0i64;
-                let mut n = 0i64;
-                // SAFETY: reads one int64 attribute of a finalized plan.
-                let status = unsafe {
-                    dnn::cudnnBackendGetAttribute(
-                        plan.0,
-                        A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                        T::CUDNN_TYPE_INT64,
-                        1,
-                        &mut n,
-                        (&raw mut workspace).cast(),
-                    )
-                };
-                check(
-                    status,
-                    "cudnnBackendGetAttribute",
-                    &A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                )?;
-                return Ok(Plan {
-                    plan,
-                    workspace,
-                    _graph: (graph, og),
-                });
+                let workspace = get_int(&plan, A::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+                built.push((plan, workspace.max(0) as usize));
             }
             Err(e) => failures.push(e.to_string()),
         }
     }
-    Err(Error::Unavailable {
-        what: "cuDNN attention for this call",
-        why: format!(
-            "cuDNN {} offers no engine that builds for {spec:?} ({} tried: {}); turn cuDNN \
-             attention off with enable_cudnn_sdp(false) so that another backend serves",
-            crate::cudnn::version().unwrap_or(0),
-            failures.len(),
-            failures.last().map_or("none offered", String::as_str)
-        ),
-    })
+    if built.is_empty() {
+        return Err(Error::Unavailable {
+            what: "cuDNN attention for this call",
+            why: format!(
+                "cuDNN {} offers no engine that builds for {spec:?} ({} tried: {}); turn cuDNN \
+                 attention off with enable_cudnn_sdp(false) so that another backend serves",
+                crate::cudnn::version().unwrap_or(0),
+                failures.len(),
+                failures.last().map_or("none offered", String::as_str)
+            ),
+        });
+    }
+    let sources = Rc::new(Sources {
+        _graph: graph,
+        _op_graph: og,
+        _heuristics: heur,
+        _configs: configs,
+    });
+    Ok(built
+        .into_iter()
+        .map(|(plan, workspace)| Plan {
+            plan,
+            workspace,
+            _sources: Rc::clone(&sources),
+        })
+        .collect())
 }
 
 /// Strides of `t` as `[B, H, L, D]` (a 3-D tensor is one batch).
@@ -720,6 +753,36 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
     let masked = f32::NEG_INFINITY;
     let rescale = dropout.map_or(1.0, |p| (1.0 / (1.0 - p)) as f32);
 
+    let device = |p: u64| p as *mut c_void;
+    let host = |x: &f32| (x as *const f32).cast_mut().cast::<c_void>();
+    let mut bound: Vec<(i64, *mut c_void)> = vec![
+        (uid::Q, device(pointers[0].0)),
+        (uid::K, device(pointers[1].0)),
+        (uid::V, device(pointers[2].0)),
+        (uid::O, device(o_ptr)),
+        (uid::STATS, device(lse_ptr)),
+        (uid::SCALE, host(&scale)),
+    ];
+    if spec.causal {
+        bound.push((uid::MASKED, host(&masked)));
+    }
+    if let Some([(seed, _), (offset, _)]) = &seed_ptrs {
+        bound.extend([
+            (uid::SEED, device(*seed)),
+            (uid::OFFSET, device(*offset)),
+            (uid::DROP_SCALE, host(&rescale)),
+        ]);
+    }
+    let (ids, addresses): (Vec<i64>, Vec<*mut c_void>) = bound.into_iter().unzip();
+    let run = |handle, plan: &Plan, workspace: &Buffer| -> Result<()> {
+        let view = workspace.view(0);
+        let (w_ptr, _w_sync) = view.device_ptr(&stream);
+        // SAFETY: every pointer stays valid until the call returns (device buffers held by
+        // the caller, host scalars on its frame); the plan was built on `handle` for these
+        // shapes, strides and alignments.
+        unsafe { launch(handle, plan, &ids, &addresses, device(w_ptr)) }
+    };
+
     bind(ordinal)?;
     let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     let state = match devices.entry(ordinal) {
@@ -741,60 +804,87 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
             })
         }
     };
+    let handle = state.handle;
     if !state.plans.contains_key(&spec) {
+        // `cudnn::benchmark`: time the heuristics' first `benchmark_limit` plans (0: all)
+        // on this call's tensors and keep the fastest; otherwise take the first.
+        let wanted = match (crate::cudnn::benchmark(), crate::cudnn::benchmark_limit()) {
+            (false, _) => 1,
+            (true, 0) => usize::MAX,
+            (true, limit) => limit as usize,
+        };
+        let mut candidates = build_plans(handle, &spec, wanted)?;
+        if candidates.len() > 1 {
+            let most = candidates.iter().map(|p| p.workspace).max().unwrap_or(0);
+            let workspace = Buffer::zeroed(ordinal, most.max(1))?;
+            let sync = || {
+                stream.synchronize().map_err(|e| Error::Driver {
+                    call: "cuStreamSynchronize",
+                    detail: format!("{e:?}"),
+                })
+            };
+            let time = |plan: &Plan| -> Result<f64> {
+                run(handle, plan, &workspace)?;
+                sync()?;
+                let start = std::time::Instant::now();
+                for _ in 0..BENCHMARK_RUNS {
+                    run(handle, plan, &workspace)?;
+                }
+                sync()?;
+                Ok(start.elapsed().as_secs_f64())
+            };
+            // A plan that fails to run is passed over.
+            let fastest = candidates
+                .iter()
+                .enumerate()
+                .filter_map(|(i, plan)| time(plan).ok().map(|t| (t, i)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map_or(0, |(_, i)| i);
+            candidates.swap(0, fastest);
+        }
         if state.plans.len() >= PLANS_PER_DEVICE {
             state.plans.clear();
         }
-        let plan = build_plan(state.handle, &spec)?;
+        let plan = candidates.swap_remove(0);
         state.plans.insert(spec.clone(), plan);
     }
     let plan = &state.plans[&spec];
-    let workspace = Buffer::zeroed(ordinal, plan.workspace.max(1) as usize)?;
-    let workspace_view = workspace.view(0);
-    let (w_ptr, _w_sync) = workspace_view.device_ptr(&stream);
+    let workspace = Buffer::zeroed(ordinal, plan.workspace.max(1))?;
+    run(handle, plan, &workspace)
+}
 
-    let device = |p: u64| p as *mut c_void;
-    let host = |x: &f32| (x as *const f32).cast_mut().cast::<c_void>();
-    let mut bound: Vec<(i64, *mut c_void)> = vec![
-        (uid::Q, device(pointers[0].0)),
-        (uid::K, device(pointers[1].0)),
-        (uid::V, device(pointers[2].0)),
-        (uid::O, device(o_ptr)),
-        (uid::STATS, device(lse_ptr)),
-        (uid::SCALE, host(&scale)),
-    ];
-    if spec.causal {
-        bound.push((uid::MASKED, host(&masked)));
-    }
-    if let Some([(seed, _), (offset, _)]) = &seed_ptrs {
-        bound.extend([
-            (uid::SEED, device(*seed)),
-            (uid::OFFSET, device(*offset)),
-            (uid::DROP_SCALE, host(&rescale)),
-        ]);
-    }
-    let (ids, ptrs): (Vec<i64>, Vec<*mut c_void>) = bound.into_iter().unzip();
+/// Runs `plan` once with tensor `ids` bound to `pointers` and `workspace`.
+///
+/// # Safety
+/// Each pointer addresses a live tensor of the shape, type and alignment the plan was built
+/// for (device memory, or a host f32 for a by-value scalar), `workspace` at least the plan's
+/// workspace size, until the call returns; `handle` is the handle the plan was built on.
+unsafe fn launch(
+    handle: dnn::cudnnHandle_t,
+    plan: &Plan,
+    ids: &[i64],
+    pointers: &[*mut c_void],
+    workspace: *mut c_void,
+) -> Result<()> {
     let pack = Desc::new(D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    pack.ints(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, &ids)?;
-    // SAFETY: raw addresses are CUDNN_TYPE_VOID_PTR; each stays valid until the call below
-    // returns (device buffers held above, host scalars on this frame).
+    pack.ints(A::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, ids)?;
+    // SAFETY: raw addresses are CUDNN_TYPE_VOID_PTR (valid per the caller).
     unsafe {
         pack.set_raw(
             A::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
             T::CUDNN_TYPE_VOID_PTR,
-            &ptrs,
+            pointers,
         )?;
         pack.set_raw(
             A::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
             T::CUDNN_TYPE_VOID_PTR,
-            &[device(w_ptr)],
+            &[workspace],
         )?;
     }
     let pack = pack.finalize()?;
-    // SAFETY: the plan was built on this handle for these tensor shapes, strides and
-    // alignments; every pointer in the pack is live and as large as its tensor.
-    let status = unsafe { dnn::cudnnBackendExecute(state.handle, plan.plan.0, pack.0) };
-    check(status, "cudnnBackendExecute", &spec)
+    // SAFETY: a finalized plan and pack on the plan's handle (caller).
+    let status = unsafe { dnn::cudnnBackendExecute(handle, plan.plan.0, pack.0) };
+    check(status, "cudnnBackendExecute", &"the attention plan")
 }
 
 #[cfg(test)]
