@@ -113,6 +113,9 @@ const NC: usize = 2048;
 /// threads many items to share, so that they finish together.
 const PANELS_PER_BLOCK: usize = 8;
 
+/// f32 values per 64-byte cache line.
+const LINE_FLOATS: usize = 16;
+
 /// Multiply-adds a thread is started for, at least.
 const MIN_WORK_PER_THREAD: usize = 1 << 21;
 
@@ -156,9 +159,12 @@ pub(crate) fn gemm<T: Element>(
     // per call costs small products a tenth of their time.
     let mut packed_b = PACKED_B.take();
     let b_len = NC.min(n).div_ceil(nr) * nr * steps;
-    if packed_b.len() < b_len {
-        packed_b = vec![0f32; b_len];
+    // Room to start the panels on a cache line: a vector load that straddles two lines
+    // costs two.
+    if packed_b.len() < b_len + LINE_FLOATS {
+        packed_b = vec![0f32; b_len + LINE_FLOATS];
     }
+    let b_start = packed_b.as_ptr().align_offset(64).min(LINE_FLOATS);
     // The (column block, K block) pairs, in order; each has its own item counter.
     let blocks: Vec<(usize, usize)> = (0..n)
         .step_by(NC)
@@ -167,7 +173,7 @@ pub(crate) fn gemm<T: Element>(
     let counters: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
     let barrier = Barrier::new(threads);
     let (b_ptr, c_ptr, c_len) = (
-        SharedOut(packed_b.as_mut_ptr()),
+        SharedOut(packed_b[b_start..].as_mut_ptr()),
         SharedOut(c.as_mut_ptr()),
         c.len(),
     );

@@ -48,6 +48,7 @@ fn last_error() -> String {
         .into_owned()
 }
 
+/// `status` as a result: an error names the call, what it was about and cuDNN's message.
 fn check(status: dnn::cudnnStatus_t, call: &'static str, what: &dyn std::fmt::Debug) -> Result<()> {
     if status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
         return Ok(());
@@ -700,7 +701,10 @@ pub(super) fn attention(ordinal: usize, job: &Job) -> Result<SdpaOutput> {
     }
     let out = Buffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
     let lse = Buffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
-    execute(ordinal, job, &out, &lse)?;
+    // An empty batch has nothing to compute (empty sequences never select cuDNN).
+    if s.b * s.h * s.lq > 0 {
+        execute(ordinal, job, &out, &lse)?;
+    }
     let device = Device::Cuda(ordinal);
     Ok(SdpaOutput {
         output: Tensor::from_storage(Storage::Cuda(out), q.dtype(), device, out_shape),
