@@ -2,7 +2,7 @@
 //! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
 //! dropout drawn by the same stateless per-weight decision as the host's math path.
 
-use super::{Job, SdpaOutput, broadcast_strides};
+use super::{Job, SdpaOutput, Shape, broadcast_strides};
 use crate::attention::SdpBackend;
 use crate::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
@@ -138,9 +138,23 @@ pub(super) fn fused(
         // element their strides reach; o and lse were allocated above for B x H x Lq rows.
         unsafe { kernel.launch(args, grid) }?;
     }
+    Ok(output(ordinal, backend, q.dtype(), out_shape, s, out, lse))
+}
+
+/// A fused backend's result on device `ordinal`: `out` (`[.., Lq, Dv]` of `dtype`) and the
+/// f32 log-sum-exp `lse` (`[B, H, Lq]`).
+pub(super) fn output(
+    ordinal: usize,
+    backend: SdpBackend,
+    dtype: DType,
+    out_shape: &[usize],
+    s: &Shape,
+    out: Buffer,
+    lse: Buffer,
+) -> SdpaOutput {
     let device = Device::Cuda(ordinal);
-    Ok(SdpaOutput {
-        output: Tensor::from_storage(Storage::Cuda(out), q.dtype(), device, out_shape),
+    SdpaOutput {
+        output: Tensor::from_storage(Storage::Cuda(out), dtype, device, out_shape),
         lse: Some(Tensor::from_storage(
             Storage::Cuda(lse),
             DType::F32,
@@ -148,7 +162,7 @@ pub(super) fn fused(
             &[s.b, s.h, s.lq],
         )),
         backend,
-    })
+    }
 }
 
 /// The element type a CUDA kernel computes in, for the trace.

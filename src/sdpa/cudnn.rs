@@ -20,8 +20,8 @@ use cudarc::driver::DevicePtr;
 use super::{Job, SdpaOutput};
 use crate::attention::SdpBackend;
 use crate::cuda::memory::{Buffer, bind, stream};
-use crate::tensor::{Storage, Tensor};
-use crate::{DType, Device, Error, Result};
+use crate::tensor::Tensor;
+use crate::{DType, Error, Result};
 
 use dnn::cudnnBackendAttributeName_t as A;
 use dnn::cudnnBackendAttributeType_t as T;
@@ -705,17 +705,15 @@ pub(super) fn attention(ordinal: usize, job: &Job) -> Result<SdpaOutput> {
     if s.b * s.h * s.lq > 0 {
         execute(ordinal, job, &out, &lse)?;
     }
-    let device = Device::Cuda(ordinal);
-    Ok(SdpaOutput {
-        output: Tensor::from_storage(Storage::Cuda(out), q.dtype(), device, out_shape),
-        lse: Some(Tensor::from_storage(
-            Storage::Cuda(lse),
-            DType::F32,
-            device,
-            &[s.b, s.h, s.lq],
-        )),
-        backend: SdpBackend::Cudnn,
-    })
+    Ok(super::cuda::output(
+        ordinal,
+        SdpBackend::Cudnn,
+        q.dtype(),
+        out_shape,
+        s,
+        out,
+        lse,
+    ))
 }
 
 /// Binds `job`'s tensors, `out` (`[B, H, Lq, Dv]`) and `lse` (`[B, H, Lq]`, f32) to the
