@@ -207,12 +207,48 @@ pub fn model_name() -> Option<String> {
         .filter(|name| !name.is_empty())
 }
 
+/// The L2 cache of one core, in bytes, as the OS reports it (read once); 1 MiB where it
+/// does not say.
+pub fn l2_cache_bytes() -> usize {
+    static L2: OnceLock<usize> = OnceLock::new();
+    *L2.get_or_init(|| {
+        (0..8)
+            .find_map(|index| {
+                let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{index}");
+                let read = |file: &str| std::fs::read_to_string(format!("{dir}/{file}")).ok();
+                let level = read("level")?;
+                let kind = read("type")?;
+                (level.trim() == "2" && kind.trim() != "Instruction")
+                    .then(|| parse_cache_size(&read("size")?))
+                    .flatten()
+            })
+            .unwrap_or(1 << 20)
+    })
+}
+
+/// A cache size as sysfs writes it: `2048K`, `1M` or a byte count.
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        _ => return None,
+    };
+    digits.parse::<usize>().ok()?.checked_mul(scale)
+}
+
 pub(crate) fn report() -> serde_json::Value {
     let levels = levels();
     serde_json::json!({
         "model": model_name(),
         "arch": std::env::consts::ARCH,
         "capability": levels.used.to_string(),
+        "l2_cache_bytes": l2_cache_bytes(),
         "capability_detected": levels.detected.to_string(),
         "capability_source": match &levels.requested {
             Some(value) => format!("env {CAPABILITY_ENV}={value}"),
@@ -227,6 +263,16 @@ pub(crate) fn report() -> serde_json::Value {
 mod tests {
     use super::*;
     use CpuCapability::*;
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("2048K\n"), Some(2 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("524288"), Some(1 << 19));
+        assert_eq!(parse_cache_size("12Q"), None);
+        assert_eq!(parse_cache_size(""), None);
+        assert!(l2_cache_bytes() >= 1 << 10);
+    }
 
     #[test]
     fn cap_lowers_but_never_raises() {

@@ -1,7 +1,9 @@
 //! `torch.backends.openmp`: whether the CPU kernels run multi-threaded.
 //!
-//! This library uses its own thread pool rather than OpenMP; its size is
-//! [`crate::get_num_threads`] (`OMP_NUM_THREADS` sets it, as it would OpenMP's).
+//! This library uses its own thread pool rather than OpenMP: workers started on first use
+//! and kept for the process, which spin briefly after a call and then sleep (as OpenMP's
+//! do). Its size is [`crate::get_num_threads`] (`OMP_NUM_THREADS` sets it, as it would
+//! OpenMP's).
 
 /// Whether the CPU kernels run on more than one thread.
 pub fn is_available() -> bool {
@@ -11,7 +13,8 @@ pub fn is_available() -> bool {
 pub(crate) fn report() -> serde_json::Value {
     serde_json::json!({
         "is_available": is_available(),
-        "pool": "backends (std threads)",
+        "pool": "backends (persistent workers)",
+        "workers_started": crate::threads::workers_started(),
         "num_threads": crate::get_num_threads(),
         "num_threads_setting": crate::threads::NUM_THREADS.report(),
     })

@@ -1035,16 +1035,15 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             });
         }
     };
-    // The last chunk runs on the calling thread: a call with one chunk spawns nothing.
-    let work = &work;
-    std::thread::scope(|scope| {
-        let mut rest = items;
-        while rest.len() > per {
-            let chunk: Vec<_> = rest.drain(..per).collect();
-            scope.spawn(move || work(chunk));
-        }
-        work(rest);
-    });
+    // Runs of `per` items, one per thread (the first on the calling thread).
+    let mut chunks = Vec::with_capacity(threads);
+    let mut rest = items;
+    while rest.len() > per {
+        let tail = rest.split_off(per);
+        chunks.push(std::mem::replace(&mut rest, tail));
+    }
+    chunks.push(rest);
+    crate::threads::for_each(chunks, &work);
     let output = match q.dtype() {
         DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,
         DType::Bf16 => Tensor::from_vec(

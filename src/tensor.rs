@@ -154,25 +154,22 @@ pub(crate) fn narrow<T: Element>(
     out: Vec<f32>,
     threads: usize,
 ) -> Result<Vec<T>> {
-    if T::DTYPE == DType::F32 {
-        return Ok(out.into_iter().map(T::from_f32).collect());
-    }
-    let mut narrow = host_zeros::<T>(op, out.len())?;
-    let round = |to: &mut [T], from: &[f32]| {
-        for (t, &f) in to.iter_mut().zip(from) {
-            *t = T::from_f32(f);
+    // An f32 result is already what the caller wants: hand the buffer over as it is.
+    let out = if T::DTYPE == DType::F32 {
+        match bytemuck::allocation::try_cast_vec::<f32, T>(out) {
+            Ok(same) => return Ok(same),
+            Err((_, out)) => out,
         }
+    } else {
+        out
     };
+    let mut narrow = host_zeros::<T>(op, out.len())?;
     // Chunks of at least 64 Ki elements; the first runs on the calling thread.
     let per = out.len().div_ceil(threads.max(1)).max(1 << 16);
-    let mut chunks = narrow.chunks_mut(per).zip(out.chunks(per));
-    let first = chunks.next();
-    std::thread::scope(|s| {
-        for (to, from) in chunks {
-            s.spawn(move || round(to, from));
-        }
-        if let Some((to, from)) = first {
-            round(to, from);
+    let chunks = narrow.chunks_mut(per).zip(out.chunks(per)).collect();
+    crate::threads::for_each(chunks, &|(to, from): (&mut [T], &[f32])| {
+        for (t, &f) in to.iter_mut().zip(from) {
+            *t = T::from_f32(f);
         }
     });
     Ok(narrow)

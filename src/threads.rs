@@ -1,6 +1,16 @@
-//! `torch.get_num_threads` / `set_num_threads`: the size of the CPU kernels' pool.
+//! `torch.get_num_threads` / `set_num_threads`: the size of the CPU kernels' pool, and the
+//! pool itself.
+//!
+//! The CPU kernels run their parallel parts on a pool of worker threads that lives for the
+//! process (as OpenMP's does): starting threads per call cost small products a third of
+//! their time. A worker that finishes spins for a short while before it sleeps, so that
+//! the next call in a loop finds it awake.
 
-use std::sync::OnceLock;
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::flag::{EnvInit, Flag};
 use crate::{Error, Result};
@@ -49,6 +59,243 @@ pub fn set_num_threads(threads: usize) -> Result<()> {
     Ok(())
 }
 
+/// How long an idle worker, or a caller waiting for its workers, spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Runs `task(0)`, `task(1)`, ..., `task(count - 1)` at the same time: index 0 on the
+/// calling thread, the others on the pool's workers (started on first use). Returns when
+/// every index has finished; a panic in any is resumed here. The indices may wait on each
+/// other (barriers): each has a thread of its own. Where the pool is busy (a call from
+/// another thread, or from inside a task), the call runs on threads started for it.
+pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize) + Sync)) {
+    if count <= 1 {
+        if count == 1 {
+            task(0);
+        }
+        return;
+    }
+    let pool = Pool::get();
+    let Ok(_busy) = pool.busy.try_lock() else {
+        return scoped(count, task);
+    };
+    let workers = pool.workers(count - 1);
+    if workers.len() < count - 1 {
+        return scoped(count, task);
+    }
+    let latch = Arc::new(Latch::new(count - 1));
+    // SAFETY: only the lifetime is erased. The workers call the task before they count the
+    // latch down, and this function returns only once the latch reached zero, so no worker
+    // uses the task after its borrow ends.
+    let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task) };
+    for (index, worker) in (1..count).zip(&workers) {
+        worker.give(Job {
+            task: erased,
+            index,
+            latch: Arc::clone(&latch),
+        });
+    }
+    let own = catch_unwind(AssertUnwindSafe(|| task(0)));
+    latch.wait();
+    if let Err(panic) = own {
+        resume_unwind(panic);
+    }
+    if let Some(panic) = lock(&latch.panic).take() {
+        resume_unwind(panic);
+    }
+}
+
+/// How many pool workers the process has started so far.
+pub(crate) fn workers_started() -> usize {
+    lock(&Pool::get().workers).len()
+}
+
+/// [`parallel`] on threads started for the call.
+fn scoped(count: usize, task: &(dyn Fn(usize) + Sync)) {
+    let panic = Mutex::new(None);
+    let run = |index| {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| task(index))) {
+            lock(&panic).get_or_insert(payload);
+        }
+    };
+    std::thread::scope(|s| {
+        for index in 1..count {
+            s.spawn(move || run(index));
+        }
+        run(0);
+    });
+    if let Some(payload) = lock(&panic).take() {
+        resume_unwind(payload);
+    }
+}
+
+/// Runs `work` on every item at the same time: the first on the calling thread, the others
+/// on the pool (see [`parallel`]).
+pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
+    let slots: Vec<Mutex<Option<I>>> = items.into_iter().map(|i| Mutex::new(Some(i))).collect();
+    parallel(slots.len(), &|index| {
+        if let Some(item) = lock(&slots[index]).take() {
+            work(item);
+        }
+    });
+}
+
+/// Locks a mutex whether or not a panicking thread poisoned it (the pool resumes panics
+/// itself; the data behind its locks stays consistent).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The process's workers.
+struct Pool {
+    /// Held while a call uses the workers.
+    busy: Mutex<()>,
+    /// The workers started so far.
+    workers: Mutex<Vec<Arc<Worker>>>,
+}
+
+impl Pool {
+    fn get() -> &'static Pool {
+        static POOL: OnceLock<Pool> = OnceLock::new();
+        POOL.get_or_init(|| Pool {
+            busy: Mutex::new(()),
+            workers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The first `count` workers, starting those missing.
+    fn workers(&self, count: usize) -> Vec<Arc<Worker>> {
+        let mut workers = lock(&self.workers);
+        while workers.len() < count {
+            let worker = Arc::new(Worker::default());
+            let theirs = Arc::clone(&worker);
+            let name = format!("backends-worker-{}", workers.len() + 1);
+            // A worker that cannot start leaves the pool smaller (the call then starts its
+            // own threads).
+            if std::thread::Builder::new()
+                .name(name)
+                .spawn(move || theirs.serve())
+                .is_err()
+            {
+                break;
+            }
+            workers.push(worker);
+        }
+        workers.iter().take(count).cloned().collect()
+    }
+}
+
+/// One index of a call, handed to a worker.
+struct Job {
+    task: *const (dyn Fn(usize) + Sync),
+    index: usize,
+    latch: Arc<Latch>,
+}
+
+// SAFETY: the task is `Sync` and outlives the job (see `parallel`); the rest is `Send`.
+unsafe impl Send for Job {}
+
+/// A worker thread's mailbox.
+#[derive(Default)]
+struct Worker {
+    /// Set when a job waits in `slot` (read while spinning, without the lock).
+    posted: AtomicBool,
+    slot: Mutex<Slot>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Slot {
+    job: Option<Job>,
+    sleeping: bool,
+}
+
+impl Worker {
+    fn give(&self, job: Job) {
+        let mut slot = lock(&self.slot);
+        slot.job = Some(job);
+        self.posted.store(true, Ordering::Release);
+        if slot.sleeping {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The worker thread's loop: take a job, run it, count the latch down.
+    fn serve(&self) {
+        loop {
+            let job = self.next_job();
+            // SAFETY: the task outlives the job until the latch is counted down below.
+            let task = unsafe { &*job.task };
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| task(job.index))) {
+                *lock(&job.latch.panic) = Some(panic);
+            }
+            job.latch.count_down();
+        }
+    }
+
+    /// Spins for a new job for [`SPIN`], then sleeps until one comes.
+    fn next_job(&self) -> Job {
+        let start = Instant::now();
+        while !self.posted.load(Ordering::Acquire) && start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        }
+        let mut slot = lock(&self.slot);
+        loop {
+            if let Some(job) = slot.job.take() {
+                self.posted.store(false, Ordering::Relaxed);
+                slot.sleeping = false;
+                return job;
+            }
+            slot.sleeping = true;
+            slot = self.wake.wait(slot).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Counts a call's running workers down to zero.
+struct Latch {
+    remaining: AtomicUsize,
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    lock: Mutex<()>,
+    done: Condvar,
+}
+
+impl Latch {
+    fn new(count: usize) -> Self {
+        Latch {
+            remaining: AtomicUsize::new(count),
+            panic: Mutex::new(None),
+            lock: Mutex::new(()),
+            done: Condvar::new(),
+        }
+    }
+
+    fn count_down(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Taken so that a waiter between its check and its sleep cannot miss the call.
+            let _guard = lock(&self.lock);
+            self.done.notify_all();
+        }
+    }
+
+    /// Spins for [`SPIN`], then sleeps until every worker has counted down.
+    fn wait(&self) {
+        let start = Instant::now();
+        while self.remaining.load(Ordering::Acquire) != 0 {
+            if start.elapsed() >= SPIN {
+                let mut guard = lock(&self.lock);
+                while self.remaining.load(Ordering::Acquire) != 0 {
+                    guard = self
+                        .done
+                        .wait(guard)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +306,64 @@ mod tests {
         assert_eq!(parse_thread_count("4,2"), Some(4));
         assert_eq!(parse_thread_count("0"), None);
         assert_eq!(parse_thread_count("many"), None);
+    }
+
+    #[test]
+    fn parallel_runs_every_index_at_once_and_again() {
+        for count in [1, 2, 5, 3] {
+            let barrier = std::sync::Barrier::new(count);
+            let seen: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+            parallel(count, &|index| {
+                // Every index waits for all the others: they must run at the same time.
+                barrier.wait();
+                seen[index].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(seen.iter().all(|n| n.load(Ordering::Relaxed) == 1));
+        }
+    }
+
+    #[test]
+    fn a_call_from_inside_a_task_or_another_thread_still_runs() {
+        let total = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    parallel(2, &|_| {
+                        parallel(3, &|_| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        })
+                    })
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 3 * 2 * 3);
+    }
+
+    #[test]
+    fn a_panic_in_a_worker_reaches_the_caller_and_the_pool_goes_on() {
+        let caught = catch_unwind(|| {
+            parallel(3, &|index| {
+                if index == 2 {
+                    panic!("worker two fails");
+                }
+            })
+        });
+        let message = caught.expect_err("the panic is resumed on the caller");
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"worker two fails"));
+        let ran = AtomicUsize::new(0);
+        parallel(3, &|_| {
+            ran.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(ran.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn for_each_hands_every_item_to_one_call() {
+        let mut data = [0u32; 10];
+        for_each(data.chunks_mut(3).collect(), &|chunk: &mut [u32]| {
+            chunk.iter_mut().for_each(|x| *x += 1)
+        });
+        assert!(data.iter().all(|&x| x == 1));
     }
 
     #[test]
