@@ -3,7 +3,9 @@
 # default 3, alternating rounds, each the median of several runs): our CPU f32 GEMM against
 # numpy/OpenBLAS, our bf16 GEMM against PyTorch's (oneDNN), our CPU f32 and bf16 attention
 # against PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
-# fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs).
+# fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs). The
+# f32 GEMM is also timed against numpy's OpenBLAS library loaded into our own process
+# (examples/gemm_vs_openblas.rs), call for call: the "one process" rows.
 #
 # Installs numpy (and, for the attention rows, torch: a large download) into .venv/ from
 # PyPI on first use; where torch cannot be installed, its rows say so.
@@ -27,7 +29,8 @@ have_torch=yes
 .venv/bin/python -c "import torch" 2>/dev/null \
   || .venv/bin/pip install -q --disable-pip-version-check torch \
   || have_torch=no
-cargo build -q --release --example gemm_speed --example sdpa_speed --example fma_peak
+cargo build -q --release --example gemm_speed --example gemm_vs_openblas --example sdpa_speed \
+  --example fma_peak
 
 peak=$(target/release/examples/fma_peak | awk '{print $4}')
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE slow a current OpenBLAS down: unset for this command only.
@@ -93,11 +96,26 @@ for _ in $(seq "$rounds"); do
   theirs_sdpa+=$(theirs_torch)$'\n'
 done
 [ "$have_torch" = yes ] || theirs_sdpa=""
+# The same f32 GEMM against numpy's own OpenBLAS library loaded into our process, the two
+# alternating call by call (the median of the per-pair ratios; the fairest number on a
+# noisy machine). OpenBLAS's idle threads would spin on our cores for 0.1 s after each of
+# its calls: OPENBLAS_THREAD_TIMEOUT=4 makes them sleep as ours do.
+openblas_lib=$(.venv/bin/python -c "
+from threadpoolctl import threadpool_info
+import numpy
+print(next(i['filepath'] for i in threadpool_info() if i['internal_api'] == 'openblas'))" 2>/dev/null || true)
+in_process=""
+if [ -n "$openblas_lib" ]; then
+  in_process=$(OPENBLAS_LIB="$openblas_lib" OPENBLAS_THREAD_TIMEOUT=4 \
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+    target/release/examples/gemm_vs_openblas "${gemm_sizes[@]}")
+fi
 
 echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "measured fp32 FMA peak: $peak GFLOP/s"
 echo "peers: $(echo "$theirs_gemm" | grep -m1 '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep -m1 '^#' | cut -c3-)}"
-echo "best of $rounds alternating rounds, each the median of several runs"
+echo "best of $rounds alternating rounds, each the median of several runs;"
+echo "'one process' rows: both in one process, call for call, median of the per-pair ratios"
 echo
 printf "%-46s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
 row() { # name ours theirs unit-scale (GFLOP/s per unit)
@@ -116,6 +134,14 @@ best() {
 for n in "${gemm_sizes[@]}"; do
   key=$(printf "f32 %5d" "$n")
   row "GEMM f32 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_gemm" "$key")" 1
+done
+echo "$in_process" | grep ':' | while read -r line; do
+  n=$(echo "$line" | awk '{print $2}' | tr -d :)
+  ours=$(echo "$line" | awk '{print $4}')
+  theirs=$(echo "$line" | awk '{print $7}')
+  ratio=$(echo "$line" | awk '{print $NF}')
+  printf "%-46s %12s %12s %8s %10.2f %10.2f\n" "GEMM f32 n=$n, one process (median ratio)" "$ours" "$theirs" \
+    "$ratio" "$(echo "$ours / $peak" | bc -l)" "$(echo "$theirs / $peak" | bc -l)"
 done
 for n in "${gemm_sizes[@]}"; do
   key=$(printf "bf16 %5d" "$n")
