@@ -680,7 +680,7 @@ fn finish_rows(acc: &mut [f32], dv: usize, row_max: &[f32], row_sum: &[f32], lse
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK_M, BLOCK_N, BlockArgs, online_softmax};
+    use super::{BLOCK_M, BLOCK_N, BlockArgs, MaskView, online_softmax};
 
     /// The fused block for AVX-512: value widths that are multiples of 64 take the
     /// register-tiled path below, others the generic body compiled for AVX-512.
@@ -778,6 +778,101 @@ mod simd {
         }
     }
 
+    /// e^x on 16 lanes: the polynomial of [`super::fast_exp`] (the same values), with the
+    /// rounding and the power of two done by `vrndscaleps` and `vscalefps`.
+    #[inline(always)]
+    fn exp16(x: __m512) -> __m512 {
+        // SAFETY: AVX-512F is enabled by the callers' target feature; register-only work.
+        unsafe {
+            // max/min(bound, y) return y where y is NaN, so that NaN stays NaN.
+            let y = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
+            let y = _mm512_min_ps(
+                _mm512_set1_ps(128.0),
+                _mm512_max_ps(_mm512_set1_ps(-126.0), y),
+            );
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            let f = _mm512_sub_ps(y, n);
+            // (No closures here: they would not inherit the caller's target feature.)
+            let mut p = _mm512_fmadd_ps(
+                f,
+                _mm512_set1_ps(0.000_154_035_3),
+                _mm512_set1_ps(0.001_333_355),
+            );
+            for coefficient in [
+                0.009_618_129,
+                0.055_504_11,
+                0.240_226_5,
+                std::f32::consts::LN_2,
+                1.0,
+            ] {
+                p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(coefficient));
+            }
+            // Below -87 the result is 0 (no subnormal weights); NaN is not below.
+            let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.0));
+            _mm512_maskz_scalef_ps(keep, p, n)
+        }
+    }
+
+    /// [`online_softmax`] on four vectors: the row's max, exponentials and sum without
+    /// leaving registers. Takes a mask whose values along the keys are contiguous or one
+    /// broadcast value (`sj` 1 or 0).
+    #[inline(always)]
+    fn softmax_row(
+        srow: &mut [f32; BLOCK_N],
+        visible: usize,
+        bias: Option<(MaskView, usize, usize)>,
+        row_max: &mut f32,
+        row_sum: &mut f32,
+    ) -> Option<f32> {
+        debug_assert!(bias.is_none_or(|(m, ..)| m.sj <= 1) && visible <= BLOCK_N);
+        // SAFETY: the row holds 64 floats, four vectors; mask loads only read the lanes of
+        // visible keys, which the mask has (masked lanes do not fault); AVX-512F is enabled
+        // by the callers' target feature.
+        unsafe {
+            let p = srow.as_mut_ptr();
+            let mut v = [_mm512_setzero_ps(); 4];
+            for (j, x) in v.iter_mut().enumerate() {
+                // The lanes of visible keys; the others are -inf (no weight).
+                let lanes = visible.saturating_sub(16 * j).min(16);
+                let shown: __mmask16 = ((1u32 << lanes) - 1) as __mmask16;
+                let mut scores = _mm512_loadu_ps(p.add(16 * j));
+                if let Some((mask, i, kb)) = bias {
+                    let at = mask.base + i * mask.si + (kb + 16 * j) * mask.sj;
+                    let add = if mask.sj == 0 {
+                        _mm512_set1_ps(mask.values[at])
+                    } else {
+                        _mm512_maskz_loadu_ps(shown, mask.values.as_ptr().wrapping_add(at))
+                    };
+                    scores = _mm512_add_ps(scores, add);
+                }
+                *x = _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), scores);
+            }
+            let block_max = _mm512_reduce_max_ps(_mm512_max_ps(
+                _mm512_max_ps(v[0], v[1]),
+                _mm512_max_ps(v[2], v[3]),
+            ));
+            let new_max = row_max.max(block_max);
+            if new_max == f32::NEG_INFINITY {
+                srow.fill(0.0);
+                return None;
+            }
+            let alpha = super::fast_exp(*row_max - new_max);
+            *row_max = new_max;
+            let shift = _mm512_set1_ps(new_max);
+            let mut e = [_mm512_setzero_ps(); 4];
+            for (j, (out, &x)) in e.iter_mut().zip(&v).enumerate() {
+                *out = exp16(_mm512_sub_ps(x, shift));
+                _mm512_storeu_ps(p.add(16 * j), *out);
+            }
+            let sum = _mm512_reduce_add_ps(_mm512_add_ps(
+                _mm512_add_ps(e[0], e[1]),
+                _mm512_add_ps(e[2], e[3]),
+            ));
+            *row_sum = *row_sum * alpha + sum;
+            Some(alpha)
+        }
+    }
+
     /// Query rows per register tile: 4 rows x 64 columns is 16 of the 32 zmm registers.
     const TILE_ROWS: usize = 6;
 
@@ -823,13 +918,23 @@ mod simd {
                 };
                 let bias = bias.map(|m| (m, i, kb));
                 // Nothing visible yet: zero weights, and the sums stay zero.
-                alpha[r] = online_softmax(
-                    &mut tile[r],
-                    visible,
-                    bias,
-                    &mut row_max[r],
-                    &mut row_sum[r],
-                )
+                alpha[r] = if bias.is_none_or(|(m, ..)| m.sj <= 1) {
+                    softmax_row(
+                        &mut tile[r],
+                        visible,
+                        bias,
+                        &mut row_max[r],
+                        &mut row_sum[r],
+                    )
+                } else {
+                    online_softmax(
+                        &mut tile[r],
+                        visible,
+                        bias,
+                        &mut row_max[r],
+                        &mut row_sum[r],
+                    )
+                }
                 .unwrap_or(1.0);
             }
             let values = &v[kb * s.dv..];

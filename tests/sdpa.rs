@@ -175,6 +175,83 @@ fn cpu_fused_path_matches_the_reference() {
     }
 }
 
+/// An additive bias `(b, h, i, j)` for [`attention_reference`].
+type Bias<'a> = dyn Fn(usize, usize, usize, usize) -> f64 + 'a;
+
+/// Float masks whose values along the keys are one broadcast value (`[lq, 1]`; every
+/// fifth row -inf, which the fused path answers with zeros) or strided (a transposed view),
+/// through the fused path at head dims that take its SIMD tiles.
+#[test]
+fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
+    let (b, h, lq, lk) = (1, 2, 70, 150);
+    let hidden = |i: usize| i % 5 == 2;
+    for d in [64, 128] {
+        let (q, k, v) = (
+            random(b * h * lq * d),
+            random(b * h * lk * d),
+            random(b * h * lk * d),
+        );
+        let per_row: Vec<f64> = random(lq)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| if hidden(i) { f64::NEG_INFINITY } else { x })
+            .collect();
+        let full = random(lq * lk);
+        let transposed: Vec<f64> = (0..lk * lq).map(|e| full[(e % lq) * lk + e / lq]).collect();
+        let masks: [(Tensor, Box<Bias>); 2] = [
+            (
+                tensor::<f32>(&per_row, &[lq, 1], Device::Cpu),
+                // A row's constant shifts nothing; the hidden rows are checked apart.
+                Box::new(|_, _, i, _| if hidden(i) { 0.0 } else { per_row[i] }),
+            ),
+            (
+                tensor::<f32>(&transposed, &[lk, lq], Device::Cpu)
+                    .t()
+                    .unwrap(),
+                Box::new(|_, _, i, j| full[i * lk + j]),
+            ),
+        ];
+        for (causal, (mask, bias)) in [(false, &masks[0]), (true, &masks[0]), (false, &masks[1])] {
+            let options = SdpaOptions {
+                attn_mask: Some(mask),
+                is_causal: causal,
+                ..Default::default()
+            };
+            let out = sdpa(
+                &tensor::<f32>(&q, &[b, h, lq, d], Device::Cpu),
+                &tensor::<f32>(&k, &[b, h, lk, d], Device::Cpu),
+                &tensor::<f32>(&v, &[b, h, lk, d], Device::Cpu),
+                &options,
+            )
+            .unwrap();
+            assert_eq!(out.backend, SdpBackend::Flash);
+            let want = attention_reference(
+                &q,
+                &k,
+                &v,
+                [b, h, h, lq, lk, d, d],
+                1.0 / (d as f64).sqrt(),
+                causal,
+                bias,
+            );
+            let mut want = want;
+            if mask.shape()[1] == 1 {
+                for (e, x) in want.iter_mut().enumerate() {
+                    if hidden(e / d % lq) {
+                        *x = 0.0;
+                    }
+                }
+            }
+            let err = rel_err(&host(&out.output), &want);
+            assert!(
+                err < 1e-5,
+                "d {d}, causal {causal}, mask strides {:?}: {err}",
+                mask.strides()
+            );
+        }
+    }
+}
+
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {
