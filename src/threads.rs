@@ -106,7 +106,7 @@ pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize) + Sync)) {
 
 /// How many pool workers the process has started so far.
 pub(crate) fn workers_started() -> usize {
-    lock(&Pool::get().workers).len()
+    lock(&Pool::get().workers).started.len()
 }
 
 /// [`parallel`] on threads started for the call.
@@ -150,7 +150,14 @@ struct Pool {
     /// Held while a call uses the workers.
     busy: Mutex<()>,
     /// The workers started so far.
-    workers: Mutex<Vec<Arc<Worker>>>,
+    workers: Mutex<Workers>,
+}
+
+/// The started workers, and the process they were started in: a child made by `fork` has
+/// none of its parent's threads, and starts its own.
+struct Workers {
+    pid: u32,
+    started: Vec<Arc<Worker>>,
 }
 
 impl Pool {
@@ -158,13 +165,22 @@ impl Pool {
         static POOL: OnceLock<Pool> = OnceLock::new();
         POOL.get_or_init(|| Pool {
             busy: Mutex::new(()),
-            workers: Mutex::new(Vec::new()),
+            workers: Mutex::new(Workers {
+                pid: std::process::id(),
+                started: Vec::new(),
+            }),
         })
     }
 
     /// The first `count` workers, starting those missing.
     fn workers(&self, count: usize) -> Vec<Arc<Worker>> {
-        let mut workers = lock(&self.workers);
+        let mut guard = lock(&self.workers);
+        if guard.pid != std::process::id() {
+            guard.pid = std::process::id();
+            // The parent's workers do not run in this process.
+            guard.started.clear();
+        }
+        let workers = &mut guard.started;
         while workers.len() < count {
             let worker = Arc::new(Worker::default());
             let theirs = Arc::clone(&worker);
