@@ -9,7 +9,7 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::flag::{EnvInit, Flag};
@@ -75,8 +75,11 @@ pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize) + Sync)) {
         return;
     }
     let pool = Pool::get();
-    let Ok(_busy) = pool.busy.try_lock() else {
-        return scoped(count, task);
+    // (A panic resumed through an earlier call poisoned the lock; the pool is still whole.)
+    let _busy = match pool.busy.try_lock() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return scoped(count, task),
     };
     let workers = pool.workers(count - 1);
     if workers.len() < count - 1 {
@@ -371,6 +374,23 @@ mod tests {
             ran.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(ran.load(Ordering::Relaxed), 3);
+        // The resumed panic poisoned the pool's lock; later calls still get its workers
+        // (other tests may hold the pool for a moment: try a few times).
+        let on_workers = (0..200).any(|_| {
+            let named = AtomicUsize::new(0);
+            parallel(2, &|index| {
+                let name = std::thread::current().name().map(str::to_owned);
+                if index == 1 && name.is_some_and(|n| n.starts_with("backends-worker")) {
+                    named.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            std::thread::sleep(Duration::from_millis(1));
+            named.load(Ordering::Relaxed) == 1
+        });
+        assert!(
+            on_workers,
+            "calls after a panic never reached the pool's workers"
+        );
     }
 
     #[test]
