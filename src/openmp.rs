@@ -2,8 +2,8 @@
 //!
 //! This library uses its own thread pool rather than OpenMP: workers started on first use
 //! and kept for the process, which spin briefly after a call and then sleep (as OpenMP's
-//! do). Its size is [`crate::get_num_threads`] (`OMP_NUM_THREADS` sets it, as it would
-//! OpenMP's).
+//! do; `OMP_WAIT_POLICY=passive` or `active` changes the spin as it would OpenMP's). Its
+//! size is [`crate::get_num_threads`] (`OMP_NUM_THREADS` sets it, as it would OpenMP's).
 
 /// Whether the CPU kernels run on more than one thread.
 pub fn is_available() -> bool {
@@ -15,6 +15,7 @@ pub(crate) fn report() -> serde_json::Value {
         "is_available": is_available(),
         "pool": "backends (persistent workers)",
         "workers_started": crate::threads::workers_started(),
+        "spin_us": crate::threads::spin().as_micros() as u64,
         "num_threads": crate::get_num_threads(),
         "num_threads_setting": crate::threads::NUM_THREADS.report(),
     })

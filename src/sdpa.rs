@@ -856,7 +856,13 @@ mod simd {
                 srow.fill(0.0);
                 return None;
             }
-            let alpha = super::fast_exp(*row_max - new_max);
+            // The max seldom moves after the first blocks: skip the exponential then
+            // (`fast_exp(0.0)` is exactly 1).
+            let alpha = if new_max == *row_max {
+                1.0
+            } else {
+                super::fast_exp(*row_max - new_max)
+            };
             *row_max = new_max;
             let shift = _mm512_set1_ps(new_max);
             let mut e = [_mm512_setzero_ps(); 4];

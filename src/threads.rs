@@ -59,8 +59,21 @@ pub fn set_num_threads(threads: usize) -> Result<()> {
     Ok(())
 }
 
-/// How long an idle worker, or a caller waiting for its workers, spins before it sleeps.
-const SPIN: Duration = Duration::from_micros(100);
+/// How long an idle worker, or a caller waiting for its workers, spins before it sleeps:
+/// 100 us, or as `OMP_WAIT_POLICY` asks (as OpenMP reads it): `passive` never spins,
+/// `active` spins for 10 ms.
+pub(crate) fn spin() -> Duration {
+    static SPIN: OnceLock<Duration> = OnceLock::new();
+    *SPIN.get_or_init(|| spin_for(std::env::var("OMP_WAIT_POLICY").ok().as_deref()))
+}
+
+fn spin_for(policy: Option<&str>) -> Duration {
+    match policy.map(|p| p.trim().to_ascii_lowercase()).as_deref() {
+        Some("passive") => Duration::ZERO,
+        Some("active") => Duration::from_millis(10),
+        _ => Duration::from_micros(100),
+    }
+}
 
 /// Runs `task(0)`, `task(1)`, ..., `task(count - 1)` at the same time: index 0 on the
 /// calling thread, the others on the pool's workers (started on first use). Returns when
@@ -251,10 +264,11 @@ impl Worker {
         }
     }
 
-    /// Spins for a new job for [`SPIN`], then sleeps until one comes.
+    /// Spins for a new job for [`spin`]'s time, then sleeps until one comes.
     fn next_job(&self) -> Job {
         let start = Instant::now();
-        while !self.posted.load(Ordering::Acquire) && start.elapsed() < SPIN {
+        let spin = spin();
+        while !self.posted.load(Ordering::Acquire) && start.elapsed() < spin {
             std::hint::spin_loop();
         }
         let mut slot = lock(&self.slot);
@@ -296,11 +310,11 @@ impl Latch {
         }
     }
 
-    /// Spins for [`SPIN`], then sleeps until every worker has counted down.
+    /// Spins for [`spin`]'s time, then sleeps until every worker has counted down.
     fn wait(&self) {
         let start = Instant::now();
         while self.remaining.load(Ordering::Acquire) != 0 {
-            if start.elapsed() >= SPIN {
+            if start.elapsed() >= spin() {
                 let mut guard = lock(&self.lock);
                 while self.remaining.load(Ordering::Acquire) != 0 {
                     guard = self
@@ -400,6 +414,14 @@ mod tests {
             chunk.iter_mut().for_each(|x| *x += 1)
         });
         assert!(data.iter().all(|&x| x == 1));
+    }
+
+    #[test]
+    fn omp_wait_policy_sets_the_spin() {
+        assert_eq!(spin_for(Some("PASSIVE")), Duration::ZERO);
+        assert_eq!(spin_for(Some("active")), Duration::from_millis(10));
+        assert_eq!(spin_for(None), Duration::from_micros(100));
+        assert_eq!(spin_for(Some("sometimes")), Duration::from_micros(100));
     }
 
     #[test]
