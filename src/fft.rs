@@ -510,6 +510,8 @@ fn transform(
             sizes.iter().map(|&n| FftPlan::new(n)).collect(),
         ))
     })?;
+    // (Without the `cuda` feature the host plan is the only kind.)
+    #[cfg_attr(not(feature = "cuda"), allow(irrefutable_let_patterns))]
     let CachedPlan::Host(plans) = &*plans else {
         unreachable!("the CPU's cache holds host plans")
     };
