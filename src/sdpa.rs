@@ -470,8 +470,8 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
     Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)
 }
 
-/// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with a degree-6 polynomial for
-/// 2^f on [-0.5, 0.5] (relative error below 1e-6 on [-10, 0], 4e-6 near ±87); exactly 0 below -87 and for -inf,
+/// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with [`EXP2_POLY`] for 2^f
+/// (relative error below 1e-6 on [-10, 0], 4e-6 near ±87); exactly 0 below -87 and for -inf,
 /// infinite above 88.7, NaN for NaN. Branch-free, so that loops over it vectorise.
 #[inline(always)]
 fn fast_exp(x: f32) -> f32 {
@@ -483,15 +483,26 @@ fn fast_exp(x: f32) -> f32 {
     let shifted = y + SHIFT;
     let n = shifted - SHIFT;
     let f = y - n;
-    let p = 1.0
-        + f * (std::f32::consts::LN_2
-            + f * (0.240_226_5
-                + f * (0.055_504_11
-                    + f * (0.009_618_129 + f * (0.001_333_355 + f * 0.000_154_035_3)))));
+    let mut p = 0.0;
+    for &c in &EXP2_POLY {
+        p = p * f + c;
+    }
+    let p = p * f + 1.0;
     let n_bits = shifted.to_bits().wrapping_sub(SHIFT.to_bits());
     let scaled = p * f32::from_bits(n_bits.wrapping_add(127) << 23);
     if x < -87.0 { 0.0 } else { scaled }
 }
+
+/// 2^f on [-0.5, 0.5] as a degree-5 polynomial, highest coefficient first (near-minimax
+/// relative error 1e-7, 2e-7 evaluated in f32); the constant term is 1.
+#[allow(clippy::approx_constant)] // the linear term is the fit's, 3 ulp below ln 2
+const EXP2_POLY: [f32; 5] = [
+    0.001_326_470_6,
+    0.009_671_511,
+    0.055_507_34,
+    0.240_222_42,
+    0.693_147,
+];
 
 /// One (pre-scaled) query row's scores against a transposed key block (`kt[x][c]`), kept
 /// in registers.
@@ -612,6 +623,7 @@ fn fused_block_body(a: BlockArgs) {
         out,
         lse,
         kt,
+        ..
     } = a;
     let n_rows = rows.len();
     let mut row_max = [f32::NEG_INFINITY; BLOCK_M];
@@ -680,20 +692,121 @@ fn finish_rows(acc: &mut [f32], dv: usize, row_max: &[f32], row_sum: &[f32], lse
 mod simd {
     use std::arch::x86_64::*;
 
-    use super::{BLOCK_M, BLOCK_N, BlockArgs, MaskView, online_softmax};
+    use super::{BLOCK_M, BLOCK_N, BlockArgs, EXP2_POLY, MaskView};
 
-    /// The fused block for AVX-512: value widths that are multiples of 64 take the
-    /// register-tiled path below, others the generic body compiled for AVX-512.
+    /// The fused block for AVX-512, with the block's 48 query rows in vector lanes: scores
+    /// of 8 keys x 48 rows per register tile (the keys read as rows, not transposed), the
+    /// online softmax of 16 rows per vector (no horizontal reductions, no branches on the
+    /// data), the weighted sums as register tiles of [`TILE_ROWS`] rows.
     ///
     /// # Safety
-    /// The CPU has AVX-512F.
-    #[target_feature(enable = "avx512f,fma")]
-    pub(super) unsafe fn block_avx512(args: BlockArgs) {
-        if args.s.dv.is_multiple_of(64) {
-            tiled(args)
-        } else {
-            super::fused_block_body(args)
+    /// The CPU has AVX-512F and DQ.
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    pub(super) unsafe fn block_avx512(a: BlockArgs) {
+        let BlockArgs {
+            q,
+            k,
+            v,
+            rows,
+            s,
+            causal,
+            bias,
+            out,
+            lse,
+            ..
+        } = a;
+        let n_rows = rows.len();
+        let d = s.d;
+        // The block's queries transposed, `qt[x][r]`, rows past the block zero.
+        let mut qt = vec![0f32; d * BLOCK_M];
+        for r in 0..n_rows {
+            for x in 0..d {
+                qt[x * BLOCK_M + r] = q[r * d + x];
+            }
         }
+        // Scores, then weights, of the key block: `st[c][r]`.
+        let mut st = [[0f32; BLOCK_M]; BLOCK_N];
+        let mut rows_state = [RowState::new(); BLOCK_M / 16];
+        let mut alpha = [1f32; BLOCK_M];
+        let acc = &mut out[..n_rows * s.dv];
+        acc.fill(0.0);
+        let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+        for kb in (0..k_end).step_by(BLOCK_N) {
+            let keys = BLOCK_N.min(k_end - kb);
+            // While the scores are formed, the block's values are fetched into L2, and the
+            // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
+            let block_values = &v[kb * s.dv..(kb + keys) * s.dv];
+            let next_keys = &k[(kb + keys) * d..k_end.min(kb + keys + BLOCK_N) * d];
+            for c0 in (0..keys).step_by(8) {
+                // Past the last key, repeat it (those scores are never read).
+                let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1) * d);
+                let ahead = piece(block_values, c0 / 8, 16 * d);
+                scores(&qt, d, k, key_at, &mut st[c0..], ahead);
+            }
+            for (j, state) in rows_state.iter_mut().enumerate() {
+                let row0 = rows.start + 16 * j;
+                if row0 >= rows.end {
+                    break;
+                }
+                let lanes = Lanes {
+                    first: 16 * j,
+                    row0,
+                    real: (rows.end - row0).min(16),
+                    kb,
+                    causal: causal && kb + keys > row0 + 1,
+                    bias,
+                };
+                let factor = softmax(&mut st[..keys], lanes, state);
+                alpha[16 * j..16 * j + 16].copy_from_slice(&factor);
+            }
+            let values = &v[kb * s.dv..];
+            let mut tiles = 0;
+            for d0 in (0..s.dv).step_by(64) {
+                let width = (s.dv - d0).min(64);
+                let mut r = 0;
+                while r + TILE_ROWS <= n_rows {
+                    let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
+                    tiles += 1;
+                    weighted::<TILE_ROWS>(
+                        &mut acc[r * s.dv..],
+                        s.dv,
+                        d0,
+                        width,
+                        &alpha[r..],
+                        &st,
+                        r,
+                        values,
+                        keys,
+                        ahead,
+                    );
+                    r += TILE_ROWS;
+                }
+                for r in r..n_rows {
+                    weighted::<1>(
+                        &mut acc[r * s.dv..],
+                        s.dv,
+                        d0,
+                        width,
+                        &alpha[r..],
+                        &st,
+                        r,
+                        values,
+                        keys,
+                        &[],
+                    );
+                }
+            }
+        }
+        let mut max = [0f32; BLOCK_M];
+        let mut sum = [0f32; BLOCK_M];
+        for (j, state) in rows_state.iter().enumerate() {
+            // SAFETY: 16 floats fit at 16·j of the 48.
+            unsafe {
+                _mm512_storeu_ps(max.as_mut_ptr().add(16 * j), state.max);
+                _mm512_storeu_ps(sum.as_mut_ptr().add(16 * j), state.sum);
+            }
+        }
+        super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
     }
 
     /// The fused block compiled for AVX2 and FMA.
@@ -705,273 +818,273 @@ mod simd {
         super::fused_block_body(args)
     }
 
-    /// Scores of `R` query rows (`q` starts at the first, rows `d` apart) against a
-    /// transposed key block `kt[x][c]`: 4·R accumulators held in registers.
+    /// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
+    fn piece(all: &[f32], index: usize, len: usize) -> &[f32] {
+        let start = (index * len).min(all.len());
+        &all[start..(start + len).min(all.len())]
+    }
+
+    /// Query rows per register tile of the weighted sums: 6 rows x 64 columns is 24 of the
+    /// 32 zmm registers.
+    const TILE_ROWS: usize = 6;
+
+    /// Scores of 8 keys (rows of `k` starting at `key_at[c]`) against the block's queries
+    /// held transposed (`qt[x][r]`): `out[c][r]`, 24 accumulators in registers. Meanwhile
+    /// asks for `ahead` in L2, a cache line per step.
     #[inline(always)]
-    fn scores<const R: usize>(q: &[f32], d: usize, kt: &[f32], out: &mut [[f32; BLOCK_N]]) {
-        assert!(q.len() >= (R - 1) * d + d && kt.len() >= d * BLOCK_N && out.len() >= R);
+    fn scores(
+        qt: &[f32],
+        d: usize,
+        k: &[f32],
+        key_at: [usize; 8],
+        out: &mut [[f32; BLOCK_M]],
+        ahead: &[f32],
+    ) {
+        assert!(qt.len() >= d * BLOCK_M && out.len() >= 8);
+        assert!(key_at.iter().all(|&at| at + d <= k.len()));
         // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
         // the caller's target feature.
         unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
+            let mut acc = [[_mm512_setzero_ps(); 3]; 8];
+            let keys = key_at.map(|at| k.as_ptr().add(at));
             for x in 0..d {
-                let col = kt.as_ptr().add(x * BLOCK_N);
-                let k = [0, 16, 32, 48].map(|o| _mm512_loadu_ps(col.add(o)));
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let qb = _mm512_set1_ps(*q.get_unchecked(r * d + x));
-                    for j in 0..4 {
-                        row[j] = _mm512_fmadd_ps(qb, k[j], row[j]);
+                if 16 * x < ahead.len() {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * x).cast());
+                }
+                let column = qt.as_ptr().add(x * BLOCK_M);
+                let qv = [0, 16, 32].map(|o| _mm512_loadu_ps(column.add(o)));
+                for (key, row) in keys.iter().zip(acc.iter_mut()) {
+                    let kx = _mm512_set1_ps(*key.add(x));
+                    for j in 0..3 {
+                        row[j] = _mm512_fmadd_ps(qv[j], kx, row[j]);
                     }
                 }
             }
-            for (r, row) in acc.iter().enumerate() {
+            for (c, row) in acc.iter().enumerate() {
                 for (j, &a) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out[r].as_mut_ptr().add(16 * j), a);
+                    _mm512_storeu_ps(out[c].as_mut_ptr().add(16 * j), a);
                 }
             }
         }
     }
 
-    /// For `R` rows of `out` (`dv` apart), columns `d0..d0 + 64`: `out·alpha[r] + Σ_c
-    /// p[r][c] · v[c][d0..d0 + 64]` over `keys` value rows, accumulated in registers.
+    /// For `R` rows of `out` (`dv` apart), columns `d0..d0 + width` (`width` ≤ 64):
+    /// `out·alpha[r] + Σ_c pt[c][r0 + r] · v[c][d0..d0 + width]` over `keys` value rows,
+    /// accumulated in registers. Meanwhile asks for `ahead` in L2, a cache line per key.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn weighted<const R: usize>(
         out: &mut [f32],
         dv: usize,
         d0: usize,
+        width: usize,
         alpha: &[f32],
-        p: &[[f32; BLOCK_N]],
+        pt: &[[f32; BLOCK_M]],
+        r0: usize,
         v: &[f32],
         keys: usize,
+        ahead: &[f32],
     ) {
-        assert!(
-            d0 + 64 <= dv && out.len() >= (R - 1) * dv + dv && alpha.len() >= R && p.len() >= R
-        );
-        assert!(keys <= BLOCK_N && (keys == 0 || v.len() >= (keys - 1) * dv + d0 + 64));
-        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
+        assert!(width <= 64 && d0 + width <= dv && out.len() >= (R - 1) * dv + dv);
+        assert!(alpha.len() >= R && r0 + R <= BLOCK_M && keys <= pt.len());
+        assert!(keys == 0 || v.len() >= (keys - 1) * dv + d0 + width);
+        // Lanes of each of the four vectors that are inside the width.
+        let masks: [__mmask16; 4] = std::array::from_fn(|j| {
+            ((1u32 << width.saturating_sub(16 * j).min(16)) - 1) as __mmask16
+        });
+        // SAFETY: the masked accesses touch only columns below d0 + width of rows inside
+        // the slices checked above (masked-off lanes do not fault); AVX-512F is enabled by
         // the caller's target feature.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 4]; R];
             for (r, row) in acc.iter_mut().enumerate() {
                 let a = _mm512_set1_ps(alpha[r]);
+                let at = out.as_ptr().add(r * dv + d0);
                 for (j, slot) in row.iter_mut().enumerate() {
-                    *slot =
-                        _mm512_mul_ps(_mm512_loadu_ps(out.as_ptr().add(r * dv + d0 + 16 * j)), a);
+                    *slot = _mm512_mul_ps(_mm512_maskz_loadu_ps(masks[j], at.add(16 * j)), a);
                 }
             }
             for c in 0..keys {
+                if 16 * c < ahead.len() {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
+                }
                 let values = v.as_ptr().add(c * dv + d0);
-                let vv = [0, 16, 32, 48].map(|o| _mm512_loadu_ps(values.add(o)));
+                let vv: [__m512; 4] =
+                    std::array::from_fn(|j| _mm512_maskz_loadu_ps(masks[j], values.add(16 * j)));
+                let weights = pt.get_unchecked(c).as_ptr().add(r0);
                 for (r, row) in acc.iter_mut().enumerate() {
-                    let pb = _mm512_set1_ps(*p.get_unchecked(r).get_unchecked(c));
+                    let p = _mm512_set1_ps(*weights.add(r));
                     for j in 0..4 {
-                        row[j] = _mm512_fmadd_ps(pb, vv[j], row[j]);
+                        row[j] = _mm512_fmadd_ps(p, vv[j], row[j]);
                     }
                 }
             }
             for (r, row) in acc.iter().enumerate() {
+                let at = out.as_mut_ptr().add(r * dv + d0);
                 for (j, &a) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out.as_mut_ptr().add(r * dv + d0 + 16 * j), a);
+                    _mm512_mask_storeu_ps(at.add(16 * j), masks[j], a);
                 }
             }
         }
     }
 
-    /// e^x on 16 lanes: the polynomial of [`super::fast_exp`] (the same values), with the
-    /// rounding and the power of two done by `vrndscaleps` and `vscalefps`.
+    /// The running max and sum of 16 query rows, one per lane.
+    #[derive(Clone, Copy)]
+    struct RowState {
+        max: __m512,
+        sum: __m512,
+    }
+
+    impl RowState {
+        #[inline(always)]
+        fn new() -> RowState {
+            // SAFETY: AVX-512F is enabled by the caller's target feature.
+            unsafe {
+                RowState {
+                    max: _mm512_set1_ps(f32::NEG_INFINITY),
+                    sum: _mm512_setzero_ps(),
+                }
+            }
+        }
+    }
+
+    /// Which 16 rows a softmax vector holds, and what hides keys from them.
+    #[derive(Clone, Copy)]
+    struct Lanes<'a> {
+        /// The first row's place in the block (0, 16 or 32).
+        first: usize,
+        /// The first row's query index.
+        row0: usize,
+        /// Rows that exist (the others are padding, their lanes never read).
+        real: usize,
+        /// The key block's first key.
+        kb: usize,
+        /// Whether the causal diagonal crosses this key block for these rows.
+        causal: bool,
+        bias: Option<MaskView<'a>>,
+    }
+
+    /// The online softmax of one key block for 16 query rows, one row per lane: `st[c]`
+    /// holds the scores of key `c` and becomes its weights. Keys after a row's diagonal
+    /// (causal) get weight 0, the mask is added; returns the factors that rescale the rows'
+    /// earlier sums (0 while a row has seen no key).
     #[inline(always)]
-    fn exp16(x: __m512) -> __m512 {
+    fn softmax(st: &mut [[f32; BLOCK_M]], lanes: Lanes, state: &mut RowState) -> [f32; 16] {
+        assert!(lanes.first + 16 <= BLOCK_M && lanes.real >= 1);
+        // SAFETY: lanes first..first + 16 of each row of `st` are in bounds (checked); the
+        // mask reads are described at `mask_values`; AVX-512F is enabled by the caller's
+        // target feature.
+        unsafe {
+            let row_index = _mm512_add_ps(
+                _mm512_setr_ps(
+                    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                    15.0,
+                ),
+                _mm512_set1_ps(lanes.row0 as f32),
+            );
+            let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
+            for (c, key) in st.iter_mut().enumerate() {
+                let at = key.as_mut_ptr().add(lanes.first);
+                let mut x = _mm512_loadu_ps(at);
+                if let Some(mask) = lanes.bias {
+                    x = _mm512_add_ps(x, mask_values(mask, lanes, c));
+                }
+                if lanes.causal {
+                    // Key kb + c is visible to row i when kb + c <= i.
+                    let key_index = _mm512_set1_ps((lanes.kb + c) as f32);
+                    let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(row_index, key_index);
+                    x = _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x);
+                }
+                if lanes.bias.is_some() || lanes.causal {
+                    _mm512_storeu_ps(at, x);
+                }
+                block_max = _mm512_max_ps(block_max, x);
+            }
+            let new_max = _mm512_max_ps(state.max, block_max);
+            // Rows that have seen no key yet keep max -inf: shift them by 0, so that their
+            // weights and factor are 0 instead of NaN.
+            let seen =
+                _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(new_max, _mm512_set1_ps(f32::NEG_INFINITY));
+            let shift =
+                _mm512_maskz_mul_ps(seen, new_max, _mm512_set1_ps(std::f32::consts::LOG2_E));
+            let alpha = exp_shifted(state.max, shift);
+            state.max = new_max;
+            let mut sum = _mm512_setzero_ps();
+            for key in st.iter_mut() {
+                let at = key.as_mut_ptr().add(lanes.first);
+                let e = exp_shifted(_mm512_loadu_ps(at), shift);
+                _mm512_storeu_ps(at, e);
+                sum = _mm512_add_ps(sum, e);
+            }
+            state.sum = _mm512_fmadd_ps(state.sum, alpha, sum);
+            let mut factors = [0f32; 16];
+            _mm512_storeu_ps(factors.as_mut_ptr(), alpha);
+            factors
+        }
+    }
+
+    /// The mask's values for key `lanes.kb + c` of the 16 rows (0 in padding lanes): one
+    /// broadcast value where the mask does not vary along the rows, else a gather.
+    #[inline(always)]
+    fn mask_values(mask: MaskView, lanes: Lanes, c: usize) -> __m512 {
+        let first = mask.base + lanes.row0 * mask.si + (lanes.kb + c) * mask.sj;
+        // SAFETY: the gathers read the elements (row0 + l, kb + c) of the real rows, which
+        // the mask has (`first + l·si` is checked for the last real row); AVX-512F and DQ
+        // are enabled by the caller's target feature.
+        unsafe {
+            if mask.si == 0 {
+                return _mm512_set1_ps(mask.values[first]);
+            }
+            let last = first + (lanes.real - 1) * mask.si;
+            assert!(last < mask.values.len());
+            // Two gathers of 8 lanes with 64-bit offsets l·si (any stride fits).
+            let offsets = |half: i64| {
+                _mm512_mullo_epi64(
+                    _mm512_add_epi64(
+                        _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
+                        _mm512_set1_epi64(8 * half),
+                    ),
+                    _mm512_set1_epi64(mask.si as i64),
+                )
+            };
+            let real = (1u32 << lanes.real) - 1;
+            let base = mask.values.as_ptr().add(first);
+            let low = _mm512_mask_i64gather_ps::<4>(
+                _mm256_setzero_ps(),
+                real as __mmask8,
+                offsets(0),
+                base.cast(),
+            );
+            let high = _mm512_mask_i64gather_ps::<4>(
+                _mm256_setzero_ps(),
+                (real >> 8) as __mmask8,
+                offsets(1),
+                base.cast(),
+            );
+            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+        }
+    }
+
+    /// e^(s - max) on 16 lanes, `shift` being max·log2 e: 2^(s·log2 e - shift) formed by
+    /// one FMA, split into 2^n · 2^f with the polynomial of [`super::fast_exp`]. Exactly 0
+    /// where the power is below -125 (and for s = -inf), NaN for NaN.
+    #[inline(always)]
+    fn exp_shifted(s: __m512, shift: __m512) -> __m512 {
         // SAFETY: AVX-512F is enabled by the callers' target feature; register-only work.
         unsafe {
-            // max/min(bound, y) return y where y is NaN, so that NaN stays NaN.
-            let y = _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E));
-            let y = _mm512_min_ps(
-                _mm512_set1_ps(128.0),
-                _mm512_max_ps(_mm512_set1_ps(-126.0), y),
-            );
+            let y = _mm512_fmsub_ps(s, _mm512_set1_ps(std::f32::consts::LOG2_E), shift);
             let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
             let f = _mm512_sub_ps(y, n);
             // (No closures here: they would not inherit the caller's target feature.)
-            let mut p = _mm512_fmadd_ps(
-                f,
-                _mm512_set1_ps(0.000_154_035_3),
-                _mm512_set1_ps(0.001_333_355),
-            );
-            for coefficient in [
-                0.009_618_129,
-                0.055_504_11,
-                0.240_226_5,
-                std::f32::consts::LN_2,
-                1.0,
-            ] {
+            let mut p = _mm512_set1_ps(EXP2_POLY[0]);
+            for &coefficient in &EXP2_POLY[1..] {
                 p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(coefficient));
             }
-            // Below -87 the result is 0 (no subnormal weights); NaN is not below.
-            let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, _mm512_set1_ps(-87.0));
+            p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0));
+            // No subnormal weights; -inf gives NaN in f and is zeroed here; NaN is not below.
+            let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(-125.0));
             _mm512_maskz_scalef_ps(keep, p, n)
         }
-    }
-
-    /// [`online_softmax`] on four vectors: the row's max, exponentials and sum without
-    /// leaving registers. Takes a mask whose values along the keys are contiguous or one
-    /// broadcast value (`sj` 1 or 0).
-    #[inline(always)]
-    fn softmax_row(
-        srow: &mut [f32; BLOCK_N],
-        visible: usize,
-        bias: Option<(MaskView, usize, usize)>,
-        row_max: &mut f32,
-        row_sum: &mut f32,
-    ) -> Option<f32> {
-        debug_assert!(bias.is_none_or(|(m, ..)| m.sj <= 1) && visible <= BLOCK_N);
-        // SAFETY: the row holds 64 floats, four vectors; mask loads only read the lanes of
-        // visible keys, which the mask has (masked lanes do not fault); AVX-512F is enabled
-        // by the callers' target feature.
-        unsafe {
-            let p = srow.as_mut_ptr();
-            let mut v = [_mm512_setzero_ps(); 4];
-            for (j, x) in v.iter_mut().enumerate() {
-                // The lanes of visible keys; the others are -inf (no weight).
-                let lanes = visible.saturating_sub(16 * j).min(16);
-                let shown: __mmask16 = ((1u32 << lanes) - 1) as __mmask16;
-                let mut scores = _mm512_loadu_ps(p.add(16 * j));
-                if let Some((mask, i, kb)) = bias {
-                    let at = mask.base + i * mask.si + (kb + 16 * j) * mask.sj;
-                    let add = if mask.sj == 0 {
-                        _mm512_set1_ps(mask.values[at])
-                    } else {
-                        _mm512_maskz_loadu_ps(shown, mask.values.as_ptr().wrapping_add(at))
-                    };
-                    scores = _mm512_add_ps(scores, add);
-                }
-                *x = _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), scores);
-            }
-            let block_max = _mm512_reduce_max_ps(_mm512_max_ps(
-                _mm512_max_ps(v[0], v[1]),
-                _mm512_max_ps(v[2], v[3]),
-            ));
-            let new_max = row_max.max(block_max);
-            if new_max == f32::NEG_INFINITY {
-                srow.fill(0.0);
-                return None;
-            }
-            // The max seldom moves after the first blocks: skip the exponential then
-            // (`fast_exp(0.0)` is exactly 1).
-            let alpha = if new_max == *row_max {
-                1.0
-            } else {
-                super::fast_exp(*row_max - new_max)
-            };
-            *row_max = new_max;
-            let shift = _mm512_set1_ps(new_max);
-            let mut e = [_mm512_setzero_ps(); 4];
-            for (j, (out, &x)) in e.iter_mut().zip(&v).enumerate() {
-                *out = exp16(_mm512_sub_ps(x, shift));
-                _mm512_storeu_ps(p.add(16 * j), *out);
-            }
-            let sum = _mm512_reduce_add_ps(_mm512_add_ps(
-                _mm512_add_ps(e[0], e[1]),
-                _mm512_add_ps(e[2], e[3]),
-            ));
-            *row_sum = *row_sum * alpha + sum;
-            Some(alpha)
-        }
-    }
-
-    /// Query rows per register tile: 4 rows x 64 columns is 16 of the 32 zmm registers.
-    const TILE_ROWS: usize = 6;
-
-    /// The online-softmax block with scores and weighted sums as register tiles of
-    /// [`TILE_ROWS`] rows.
-    #[inline(always)]
-    fn tiled(a: BlockArgs) {
-        let BlockArgs {
-            q,
-            v,
-            rows,
-            s,
-            causal,
-            bias,
-            out,
-            lse,
-            kt,
-        } = a;
-        let n_rows = rows.len();
-        let mut tile = [[0f32; BLOCK_N]; BLOCK_M];
-        let mut row_max = [f32::NEG_INFINITY; BLOCK_M];
-        let mut row_sum = [0f32; BLOCK_M];
-        let mut alpha = [1f32; BLOCK_M];
-        let acc = &mut out[..n_rows * s.dv];
-        acc.fill(0.0);
-        let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
-        for kb in (0..k_end).step_by(BLOCK_N) {
-            let keys = BLOCK_N.min(k_end - kb);
-            let kt = super::key_block(kt, s.d, kb);
-            let mut r = 0;
-            while r + TILE_ROWS <= n_rows {
-                scores::<TILE_ROWS>(&q[r * s.d..], s.d, kt, &mut tile[r..]);
-                r += TILE_ROWS;
-            }
-            for r in r..n_rows {
-                scores::<1>(&q[r * s.d..], s.d, kt, &mut tile[r..]);
-            }
-            for (r, i) in rows.clone().enumerate() {
-                let visible = if causal {
-                    keys.min((i + 1).saturating_sub(kb))
-                } else {
-                    keys
-                };
-                let bias = bias.map(|m| (m, i, kb));
-                // Nothing visible yet: zero weights, and the sums stay zero.
-                alpha[r] = if bias.is_none_or(|(m, ..)| m.sj <= 1) {
-                    softmax_row(
-                        &mut tile[r],
-                        visible,
-                        bias,
-                        &mut row_max[r],
-                        &mut row_sum[r],
-                    )
-                } else {
-                    online_softmax(
-                        &mut tile[r],
-                        visible,
-                        bias,
-                        &mut row_max[r],
-                        &mut row_sum[r],
-                    )
-                }
-                .unwrap_or(1.0);
-            }
-            let values = &v[kb * s.dv..];
-            for d0 in (0..s.dv).step_by(64) {
-                let mut r = 0;
-                while r + TILE_ROWS <= n_rows {
-                    weighted::<TILE_ROWS>(
-                        &mut acc[r * s.dv..],
-                        s.dv,
-                        d0,
-                        &alpha[r..],
-                        &tile[r..],
-                        values,
-                        keys,
-                    );
-                    r += TILE_ROWS;
-                }
-                for r in r..n_rows {
-                    weighted::<1>(
-                        &mut acc[r * s.dv..],
-                        s.dv,
-                        d0,
-                        &alpha[r..],
-                        &tile[r..],
-                        values,
-                        keys,
-                    );
-                }
-            }
-        }
-        super::finish_rows(acc, s.dv, &row_max[..n_rows], &row_sum[..n_rows], lse);
     }
 }
 
@@ -995,6 +1108,8 @@ impl MaskView<'_> {
 struct BlockArgs<'a> {
     /// The block's queries (the rows of `rows`), already multiplied by the scale.
     q: &'a [f32],
+    /// The head's keys, `[Lk, d]`, for the kernel that reads them as rows (else empty).
+    k: &'a [f32],
     v: &'a [f32],
     rows: std::ops::Range<usize>,
     s: &'a Shape,
@@ -1002,7 +1117,8 @@ struct BlockArgs<'a> {
     bias: Option<MaskView<'a>>,
     out: &'a mut [f32],
     lse: &'a mut [f32],
-    /// The head's keys, transposed block by block (see [`transpose_keys`]).
+    /// The head's keys, transposed block by block (see [`transpose_keys`]), for the kernels
+    /// that read them so (else empty).
     kt: &'a [f32],
 }
 
@@ -1035,6 +1151,40 @@ fn transpose_keys(k: &[f32], lk: usize, d: usize, kt: &mut Vec<f32>) {
 fn key_block(kt: &[f32], d: usize, kb: usize) -> &[f32] {
     let start = (kb / BLOCK_N) * d * BLOCK_N;
     &kt[start..start + d * BLOCK_N]
+}
+
+/// Whether the fused block in force reads the keys as rows (`BlockArgs::k`, the AVX-512
+/// kernel) rather than transposed (`BlockArgs::kt`).
+fn reads_key_rows() -> bool {
+    cfg!(target_arch = "x86_64")
+        && crate::cpu::get_cpu_capability() == crate::cpu::CpuCapability::Avx512
+}
+
+/// One head's keys or values as f32, kept while a thread works on that head.
+#[derive(Default)]
+struct HeadCache {
+    head: Option<usize>,
+    values: Vec<f32>,
+}
+
+impl HeadCache {
+    /// Elements `range` of `input`, the head `head`'s: borrowed for f32 inputs, else
+    /// widened once per head.
+    fn f32s<'s>(
+        &'s mut self,
+        input: &'s Input,
+        head: usize,
+        range: std::ops::Range<usize>,
+    ) -> &'s [f32] {
+        if let Input::F32(all) = input {
+            return &all[range];
+        }
+        if self.head != Some(head) {
+            input.f32s(range, &mut self.values);
+            self.head = Some(head);
+        }
+        &self.values
+    }
 }
 
 /// Runs one fused block with the code compiled for the CPU capability in force.
@@ -1083,12 +1233,13 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     }
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let per = items.len().div_ceil(threads);
+    let key_rows = reads_key_rows();
     let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
     let work = |chunk: Vec<(usize, &mut [f32], &mut [f32])>| {
-        // The keys of the head in hand, transposed, and its values as f32 where the input is
-        // 16-bit (threads take runs of items of one head).
-        let mut kt: (Option<usize>, Vec<f32>) = (None, Vec::new());
-        let mut v_head: (Option<usize>, Vec<f32>) = (None, Vec::new());
+        // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
+        // transposed where the kernel reads them so (threads take runs of items of one head).
+        let mut k_head = HeadCache::default();
+        let mut v_head = HeadCache::default();
         let mut wide = Vec::new();
         let mut q_block = vec![0f32; BLOCK_M * s.d];
         for (item, o_here, l_here) in chunk {
@@ -1107,23 +1258,18 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 *x = y * scale;
             }
             let kvh = b * s.hk + hk;
-            if kt.0 != Some(kvh) {
-                let keys = kv.f32s(kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d, &mut wide);
-                transpose_keys(keys, s.lk, s.d, &mut kt.1);
-                kt.0 = Some(kvh);
-            }
-            let kt = &kt.1;
-            let values = kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv;
-            let v = match vv {
-                Input::F32(all) => &all[values],
-                _ => {
-                    if v_head.0 != Some(kvh) {
-                        vv.f32s(values, &mut v_head.1);
-                        v_head.0 = Some(kvh);
-                    }
-                    &v_head.1
+            let key_range = kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d;
+            let (k, kt) = if key_rows {
+                (k_head.f32s(kv, kvh, key_range), &[][..])
+            } else {
+                if k_head.head != Some(kvh) {
+                    let keys = kv.f32s(key_range, &mut wide);
+                    transpose_keys(keys, s.lk, s.d, &mut k_head.values);
+                    k_head.head = Some(kvh);
                 }
+                (&[][..], &k_head.values[..])
             };
+            let v = v_head.f32s(vv, kvh, kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv);
             let mask = bias
                 .as_ref()
                 .zip(bias_values.as_deref())
@@ -1135,6 +1281,7 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 });
             run_block(BlockArgs {
                 q,
+                k,
                 v,
                 rows,
                 s,

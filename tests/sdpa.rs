@@ -5,7 +5,7 @@ mod common;
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
 use backends::{DType, Device, Element, SdpaOptions, Tensor, sdpa};
-use common::{adapter, attention_reference, random, rel_err};
+use common::{adapter, attention_reference, in_child, random, rel_err};
 use half::{bf16, f16};
 
 fn tensor<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Tensor {
@@ -179,13 +179,14 @@ fn cpu_fused_path_matches_the_reference() {
 type Bias<'a> = dyn Fn(usize, usize, usize, usize) -> f64 + 'a;
 
 /// Float masks whose values along the keys are one broadcast value (`[lq, 1]`; every
-/// fifth row -inf, which the fused path answers with zeros) or strided (a transposed view),
-/// through the fused path at head dims that take its SIMD tiles.
+/// fifth row -inf, which the fused path answers with zeros), strided (a transposed view) or
+/// broadcast along the queries (`[1, lk]`, key padding), through the fused path at head dims
+/// that fill its SIMD tiles or not.
 #[test]
 fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
     let (b, h, lq, lk) = (1, 2, 70, 150);
     let hidden = |i: usize| i % 5 == 2;
-    for d in [64, 128] {
+    for d in [40, 64, 128] {
         let (q, k, v) = (
             random(b * h * lq * d),
             random(b * h * lk * d),
@@ -198,7 +199,10 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
             .collect();
         let full = random(lq * lk);
         let transposed: Vec<f64> = (0..lk * lq).map(|e| full[(e % lq) * lk + e / lq]).collect();
-        let masks: [(Tensor, Box<Bias>); 2] = [
+        let padding: Vec<f64> = (0..lk)
+            .map(|j| if j % 7 == 3 { f64::NEG_INFINITY } else { 0.5 })
+            .collect();
+        let masks: [(Tensor, Box<Bias>); 3] = [
             (
                 tensor::<f32>(&per_row, &[lq, 1], Device::Cpu),
                 // A row's constant shifts nothing; the hidden rows are checked apart.
@@ -210,8 +214,18 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
                     .unwrap(),
                 Box::new(|_, _, i, j| full[i * lk + j]),
             ),
+            (
+                tensor::<f32>(&padding, &[1, lk], Device::Cpu),
+                Box::new(|_, _, _, j| padding[j]),
+            ),
         ];
-        for (causal, (mask, bias)) in [(false, &masks[0]), (true, &masks[0]), (false, &masks[1])] {
+        for (causal, (mask, bias)) in [
+            (false, &masks[0]),
+            (true, &masks[0]),
+            (false, &masks[1]),
+            (false, &masks[2]),
+            (true, &masks[2]),
+        ] {
             let options = SdpaOptions {
                 attn_mask: Some(mask),
                 is_causal: causal,
@@ -250,6 +264,40 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
             );
         }
     }
+}
+
+/// Runs the fused-path tests in a child process whose CPU level is capped at `cap` (the
+/// AVX2 and portable kernels read the keys transposed, the AVX-512 one as rows).
+fn fused_path_at_level(test: &str, cap: &str, shown: &str) {
+    if !in_child(test, &[("ATEN_CPU_CAPABILITY", cap)]) {
+        return;
+    }
+    assert_eq!(backends::cpu::get_cpu_capability().to_string(), shown);
+    cpu_fused_path_matches_the_reference();
+    cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys();
+}
+
+#[test]
+fn cpu_fused_path_matches_the_reference_at_the_avx2_level() {
+    use backends::cpu::CpuCapability::{Avx2, Avx512};
+    if !matches!(backends::cpu::detected_cpu_capability(), Avx2 | Avx512) {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    fused_path_at_level(
+        "cpu_fused_path_matches_the_reference_at_the_avx2_level",
+        "avx2",
+        "AVX2",
+    );
+}
+
+#[test]
+fn cpu_fused_path_matches_the_reference_at_the_default_level() {
+    fused_path_at_level(
+        "cpu_fused_path_matches_the_reference_at_the_default_level",
+        "default",
+        "DEFAULT",
+    );
 }
 
 #[test]
@@ -400,6 +448,43 @@ fn unbatched_3d_inputs() {
     )
     .unwrap();
     assert_eq!(out.shape(), [h, l, d]);
+}
+
+/// Empty dimensions on the CPU: a zero head dim gives every key the same weight (the mean
+/// of the values), zero value dims or queries an empty output, zero keys zeros (PyTorch's
+/// empty sum).
+#[test]
+fn zero_sized_dimensions() {
+    for (lq, lk, d, dv) in [(5, 7, 0, 4), (5, 7, 8, 0), (0, 5, 8, 8), (5, 0, 8, 8)] {
+        let (q, k, v) = (random(2 * lq * d), random(2 * lk * d), random(2 * lk * dv));
+        let out = sdpa(
+            &tensor::<f32>(&q, &[1, 2, lq, d], Device::Cpu),
+            &tensor::<f32>(&k, &[1, 2, lk, d], Device::Cpu),
+            &tensor::<f32>(&v, &[1, 2, lk, dv], Device::Cpu),
+            &SdpaOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(out.output.shape(), [1, 2, lq, dv]);
+        let got = host(&out.output);
+        if lk > 0 {
+            let want = attention_reference(
+                &q,
+                &k,
+                &v,
+                [1, 2, 2, lq, lk, d, dv],
+                1.0,
+                false,
+                &|_, _, _, _| 0.0,
+            );
+            assert!(
+                got.is_empty() || rel_err(&got, &want) < 1e-6,
+                "{:?}",
+                (lq, lk, d, dv)
+            );
+        } else {
+            assert!(got.iter().all(|&x| x == 0.0), "no keys: {got:?}");
+        }
+    }
 }
 
 #[test]
