@@ -1,7 +1,7 @@
 //! Our CPU f32 `matmul` and OpenBLAS's `cblas_sgemm`, alternating in one process: the
 //! fairest comparison on a noisy machine (both sides see the same moments). Prints, per
-//! size, each side's best GFLOP/s and the median of the per-pair speed ratios (ours /
-//! theirs).
+//! size, each side's best GFLOP/s and the median and quartiles of the per-pair speed ratios
+//! (ours / theirs).
 //!
 //! `OPENBLAS_LIB=/path/to/libopenblas.so cargo run --release --example gemm_vs_openblas --
 //! 1024 2048` (`scripts/compare.sh` passes the library numpy ships). Both sides allocate a
@@ -112,7 +112,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pairs: usize = std::env::var("PAIRS")
         .ok()
         .and_then(|p| p.parse().ok())
-        .unwrap_or(15);
+        .unwrap_or(15)
+        .max(1);
     let sizes: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -152,11 +153,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             2.0 * (n as f64).powi(3) / times.iter().copied().fold(f64::MAX, f64::min) / 1e9
         };
         println!(
-            "{} {n:5}: ours {:.1} GFLOP/s, openblas {:.1} GFLOP/s, median ratio {:.2}",
+            "{} {n:5}: ours {:.1} GFLOP/s, openblas {:.1} GFLOP/s, median ratio {:.2} \
+             (quartiles {:.2} {:.2})",
             DType::F32,
             gflops(&ours),
             gflops(&theirs),
-            ratios[pairs / 2]
+            ratios[pairs / 2],
+            ratios[pairs / 4],
+            ratios[3 * pairs / 4]
         );
     }
     Ok(())

@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Side by side on this machine, in one run, with the same thread count (the best of ROUNDS,
-# default 3, alternating rounds, each the median of several runs): our CPU f32 GEMM against
-# numpy/OpenBLAS, our bf16 GEMM against PyTorch's (oneDNN), our CPU f32 and bf16 attention
-# against PyTorch's CPU scaled_dot_product_attention, and each as a share of the machine's measured
-# fp32 FMA peak (examples/fma_peak.rs). Prints one table with ratios (ours / theirs). The
-# f32 GEMM is also timed against numpy's OpenBLAS library loaded into our own process
-# (examples/gemm_vs_openblas.rs), call for call: the "one process" rows.
+# Side by side on this machine, in one run, with the same thread count, every work
+# alternating ours and the peer call by call (PAIRS pairs, default 11): our CPU f32 GEMM
+# against numpy's own OpenBLAS library loaded into our process
+# (examples/gemm_vs_openblas.rs), our bf16 GEMM and our CPU f32 / bf16 attention against
+# PyTorch's (oneDNN matmul, CPU scaled_dot_product_attention), whose Python process drives
+# ours (examples/paired.rs) line by line. On these noisy VMs both sides then meet the same
+# bursts. Prints one table: each side's best, the median of the per-pair ratios (ours /
+# theirs in speed: above 1, ours is faster) with its quartiles, and both bests as shares
+# of the machine's measured fp32 FMA peak (examples/fma_peak.rs).
 #
-# Installs numpy (and, for the attention rows, torch: a large download) into .venv/ from
-# PyPI on first use; where torch cannot be installed, its rows say so.
+# Installs numpy (and, for the PyTorch rows, torch: a large download) into .venv/ from
+# PyPI on first use; where torch cannot be installed, those rows show ours alone.
 # Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048)
-#        GEMM_SIZES="1024" SDPA_LENGTHS="1024" ROUNDS=1 scripts/compare.sh
+#        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 read -r -a gemm_sizes <<< "${GEMM_SIZES:-1024 2048 4096}"
 read -r -a sdpa_lengths <<< "${SDPA_LENGTHS:-512 1024 2048}"
-rounds="${ROUNDS:-3}"
+pairs="${PAIRS:-11}"
 threads="${OMP_NUM_THREADS:-$(nproc)}"
 export OMP_NUM_THREADS="$threads"
 
@@ -25,129 +27,122 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -c "import numpy, threadpoolctl" 2>/dev/null \
   || .venv/bin/pip install -q --disable-pip-version-check numpy threadpoolctl
-have_torch=yes
 .venv/bin/python -c "import torch" 2>/dev/null \
   || .venv/bin/pip install -q --disable-pip-version-check torch \
-  || have_torch=no
-cargo build -q --release --example gemm_speed --example gemm_vs_openblas --example sdpa_speed \
-  --example fma_peak
+  || echo "(torch could not be installed here: the bf16 GEMM and attention rows have no peer)"
+cargo build -q --release --example gemm_vs_openblas --example paired --example fma_peak
 
 peak=$(target/release/examples/fma_peak | awk '{print $4}')
-# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE slow a current OpenBLAS down: unset for this command only.
-theirs_gemm() {
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
-  .venv/bin/python - "${gemm_sizes[@]}" <<'PY'
-import sys, time
-import numpy as np
-from threadpoolctl import threadpool_info
-for n in map(int, sys.argv[1:]):
-    a = np.random.rand(n, n).astype(np.float32)
-    b = np.random.rand(n, n).astype(np.float32)
-    a @ b
-    runs = 5 if n >= 2048 else 10
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter(); a @ b; times.append(time.perf_counter() - t0)
-    times.sort()
-    print(f"f32 {n:5}: {2 * n**3 / times[runs // 2] / 1e9:8.1f} GFLOP/s")
-info = [i for i in threadpool_info() if i["internal_api"] == "openblas"]
-print("# " + ", ".join(f"openblas {i.get('version')} {i.get('architecture')} x{i['num_threads']}" for i in info))
-PY
+echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "measured fp32 FMA peak: $peak GFLOP/s; $pairs pairs per work, ours and the peer alternating call by call"
+echo
+row() { # work ours theirs ratio q1 q3 scale (GFLOP/s per unit of ours and theirs)
+  local share_theirs="-" quartiles="-"
+  if [ "$3" != "n/a" ]; then
+    share_theirs=$(printf %.2f "$(echo "$3 * $7 / $peak" | bc -l)")
+    quartiles="$5-$6"
+  fi
+  printf "%-40s %8s %8s %7s %11s %6.2f %6s\n" "$1" "$2" "$3" "$4" "$quartiles" \
+    "$(echo "$2 * $7 / $peak" | bc -l)" "$share_theirs"
 }
-theirs_torch() {
-  [ "$have_torch" = yes ] || return 0
-  .venv/bin/python - "$threads" "$(IFS=,; echo "${gemm_sizes[*]}")" "${sdpa_lengths[@]}" <<'PY'
-import sys, time
-import torch
-import torch.nn.functional as F
-torch.set_num_threads(int(sys.argv[1]))
-for n in map(int, sys.argv[2].split(",")):
-    a, b = (torch.rand(n, n).to(torch.bfloat16) for _ in range(2))
-    a @ b
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter(); a @ b; times.append(time.perf_counter() - t0)
-    times.sort()
-    print(f"bf16 {n:5}: {2 * n**3 / times[2] / 1e9:8.1f} GFLOP/s")
-for dtype, name in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
-  for d in (64, 128):
-    for causal in (False, True):
-        for l in map(int, sys.argv[3:]):
-            q, k, v = ((torch.rand(2, 16, l, d) * 2 - 1).to(dtype) for _ in range(3))
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-                times.append(time.perf_counter() - t0)
-            times.sort()
-            flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
-            print(f"{name} d{d} L{l} causal={'true' if causal else 'false'}: {flops / times[2] / 1e12:.3f} TFLOP/s")
-print(f"# torch {torch.__version__}")
-PY
-}
-# Ours and theirs alternate for $rounds rounds; each work keeps its best round (the VM's
-# noise comes in bursts that would otherwise land on one side only).
-ours_gemm="" theirs_gemm="" ours_sdpa="" theirs_sdpa=""
-for _ in $(seq "$rounds"); do
-  ours_gemm+=$(target/release/examples/gemm_speed "${gemm_sizes[@]}")$'\n'
-  theirs_gemm+=$(theirs_gemm)$'\n'
-  ours_sdpa+=$(target/release/examples/sdpa_speed "${sdpa_lengths[@]}")$'\n'
-  theirs_sdpa+=$(theirs_torch)$'\n'
-done
-[ "$have_torch" = yes ] || theirs_sdpa=""
-# The same f32 GEMM against numpy's own OpenBLAS library loaded into our process, the two
-# alternating call by call (the median of the per-pair ratios; the fairest number on a
-# noisy machine). OpenBLAS's idle threads would spin on our cores for 0.1 s after each of
-# its calls: OPENBLAS_THREAD_TIMEOUT=4 makes them sleep as ours do.
-openblas_lib=$(.venv/bin/python -c "
+printf "%-40s %8s %8s %7s %11s %6s %6s\n" work ours peer ratio quartiles ours/pk peer/pk
+
+# f32 GEMM: numpy's OpenBLAS in our process. Its idle threads would spin for 0.1 s after
+# each of its calls, on the cores our next call needs: OPENBLAS_THREAD_TIMEOUT=4 makes
+# them sleep as ours do. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE slow a current OpenBLAS down.
+read -r openblas_lib openblas_version < <(.venv/bin/python -c "
 from threadpoolctl import threadpool_info
 import numpy
-print(next(i['filepath'] for i in threadpool_info() if i['internal_api'] == 'openblas'))" 2>/dev/null || true)
-in_process=""
-if [ -n "$openblas_lib" ]; then
-  in_process=$(OPENBLAS_LIB="$openblas_lib" OPENBLAS_THREAD_TIMEOUT=4 \
+print(next(i['filepath'] + ' ' + i['version'] for i in threadpool_info() if i['internal_api'] == 'openblas'))" 2>/dev/null || true)
+if [ -n "${openblas_lib:-}" ]; then
+  echo "peer of the f32 GEMM rows: OpenBLAS $openblas_version (numpy's)"
+  PAIRS="$pairs" OPENBLAS_LIB="$openblas_lib" OPENBLAS_THREAD_TIMEOUT=4 \
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-    target/release/examples/gemm_vs_openblas "${gemm_sizes[@]}")
+    target/release/examples/gemm_vs_openblas "${gemm_sizes[@]}" \
+    | sed 's/[(),:]//g' | while read -r _ n _ ours _ _ theirs _ _ _ ratio _ q1 q3; do
+      row "GEMM f32 n=$n vs OpenBLAS (GFLOP/s)" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1
+    done
+else
+  echo "(numpy's OpenBLAS library was not found: no f32 GEMM rows)"
 fi
 
-echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "measured fp32 FMA peak: $peak GFLOP/s"
-echo "peers: $(echo "$theirs_gemm" | grep -m1 '^#' | cut -c3-)${theirs_sdpa:+, $(echo "$theirs_sdpa" | grep -m1 '^#' | cut -c3-)}"
-echo "best of $rounds alternating rounds, each the median of several runs;"
-echo "'one process' rows: both in one process, call for call, median of the per-pair ratios"
-echo
-printf "%-46s %12s %12s %8s %10s %10s\n" "work" "ours" "peer" "ratio" "ours/peak" "peer/peak"
-row() { # name ours theirs unit-scale (GFLOP/s per unit)
-  local o="$2" t="$3" s="$4"
-  if [ -z "$t" ]; then
-    printf "%-46s %12s %12s %8s %10s %10s\n" "$1" "$o" "n/a" "-" "$(echo "$o * $s / $peak" | bc -l | xargs printf %.2f)" "-"
-  else
-    printf "%-46s %12s %12s %8.2f %10.2f %10.2f\n" "$1" "$o" "$t" "$(echo "$o / $t" | bc -l)" \
-      "$(echo "$o * $s / $peak" | bc -l)" "$(echo "$t * $s / $peak" | bc -l)"
-  fi
-}
-# The best value of the lines of $1 that start with key $2 (the text before the colon).
-best() {
-  echo "$1" | awk -v k="$2" -F': *' '$1 == k {split($2, v, " "); if (v[1] > m) m = v[1]} END {if (m != "") print m}'
-}
-for n in "${gemm_sizes[@]}"; do
-  key=$(printf "f32 %5d" "$n")
-  row "GEMM f32 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_gemm" "$key")" 1
+# bf16 GEMM and attention: PyTorch's process drives ours.
+.venv/bin/python - "$threads" "$pairs" "$(IFS=,; echo "${gemm_sizes[*]}")" \
+  "$(IFS=,; echo "${sdpa_lengths[*]}")" target/release/examples/paired <<'PY' |
+import subprocess, sys, time
+threads, pairs = int(sys.argv[1]), int(sys.argv[2])
+gemm_sizes = [int(n) for n in sys.argv[3].split(",") if n]
+sdpa_lengths = [int(n) for n in sys.argv[4].split(",") if n]
+try:
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(threads)
+except ImportError:
+    torch = None
+ours = subprocess.Popen([sys.argv[5]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+def ours_call(line):
+    ours.stdin.write(line + "\n")
+    ours.stdin.flush()
+    answer = ours.stdout.readline()
+    if not answer:
+        sys.exit(f"examples/paired stopped at {line!r}")
+    return float(answer)
+
+def theirs_call(call):
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+def torch_gemm(n):
+    a, b = (torch.rand(n, n).to(torch.bfloat16) for _ in range(2))
+    return lambda: a @ b
+
+def torch_sdpa(dtype, d, l, causal):
+    q, k, v = ((torch.rand(2, 16, l, d) * 2 - 1).to(dtype) for _ in range(3))
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+works = [(f"GEMM bf16 n={n} vs oneDNN (GFLOP/s)", f"gemm bf16 {n}", 2 * n**3 / 1e9,
+          lambda n=n: torch_gemm(n)) for n in gemm_sizes]
+digits = lambda name: 1 if name.startswith("GEMM") else 3
+for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
+    for d in (64, 128):
+        for causal in (False, True):
+            for l in sdpa_lengths:
+                works.append((
+                    f"SDPA {name} D={d} L={l}{' causal' if causal else ''} (TFLOP/s)",
+                    f"sdpa {name} {d} {l} {int(causal)}",
+                    4 * 2 * 16 * l * l * d / (2 if causal else 1) / 1e12,
+                    lambda d=d, l=l, c=causal, t=dtype: torch_sdpa(getattr(torch, t), d, l, c)))
+for name, line, work, make in works:
+    theirs = make() if torch else None
+    ours_call(line)
+    if theirs:
+        theirs()
+    ours_times, theirs_times = [], []
+    for _ in range(pairs):
+        ours_times.append(ours_call(line))
+        # Both thread pools go idle (neither spins on the other's cores) before the next call.
+        time.sleep(0.02)
+        if theirs:
+            theirs_times.append(theirs_call(theirs))
+            time.sleep(0.02)
+    best_ours = work / min(ours_times)
+    if not theirs:
+        print(f"{name}\t{best_ours:.{digits(name)}f}\tn/a\t-\t-\t-")
+        continue
+    ratios = sorted(t / o for o, t in zip(ours_times, theirs_times))
+    print(f"{name}\t{best_ours:.{digits(name)}f}\t{work / min(theirs_times):.{digits(name)}f}"
+          f"\t{ratios[pairs // 2]:.2f}"
+          f"\t{ratios[pairs // 4]:.2f}\t{ratios[3 * pairs // 4]:.2f}")
+ours.stdin.close()
+ours.wait()
+print(f"peer\tPyTorch {torch.__version__}" if torch else "peer\tnone (torch is missing)")
+PY
+while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
+  case "$name" in
+    peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
+    GEMM*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;
+  esac
 done
-echo "$in_process" | grep ':' | while read -r line; do
-  n=$(echo "$line" | awk '{print $2}' | tr -d :)
-  ours=$(echo "$line" | awk '{print $4}')
-  theirs=$(echo "$line" | awk '{print $7}')
-  ratio=$(echo "$line" | awk '{print $NF}')
-  printf "%-46s %12s %12s %8s %10.2f %10.2f\n" "GEMM f32 n=$n, one process (median ratio)" "$ours" "$theirs" \
-    "$ratio" "$(echo "$ours / $peak" | bc -l)" "$(echo "$theirs / $peak" | bc -l)"
-done
-for n in "${gemm_sizes[@]}"; do
-  key=$(printf "bf16 %5d" "$n")
-  row "GEMM bf16 n=$n (GFLOP/s)" "$(best "$ours_gemm" "$key")" "$(best "$theirs_sdpa" "$key")" 1
-done
-echo "$ours_sdpa" | grep ':' | cut -d: -f1 | awk '!seen[$0]++' | while read -r key; do
-  row "SDPA $key (TFLOP/s)" "$(best "$ours_sdpa" "$key")" "$(best "$theirs_sdpa" "$key")" 1000
-done
-[ "$have_torch" = yes ] || echo "(torch could not be installed here: the attention rows have no peer)"

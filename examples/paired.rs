@@ -1,0 +1,89 @@
+//! Times one CPU call per line of stdin and prints its seconds, so that a driver can
+//! alternate our calls with a peer's call by call in one run (`scripts/compare.sh` does,
+//! with PyTorch): on a noisy machine both sides then meet the same bursts.
+//!
+//! Lines: `gemm <f32|bf16> <n>` (a fresh `[n, n] x [n, n]` product, output allocated per
+//! call as `a @ b` does) or `sdpa <f32|bf16> <head dim> <length> <causal 0|1>` (B = 2,
+//! H = 16). Inputs are made once per distinct line.
+//! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
+
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use backends::{DType, Device, SdpaOptions, Tensor, matmul, sdpa};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The inputs of one kind of call.
+enum Work {
+    Gemm(Tensor, Tensor),
+    Sdpa([Tensor; 3], bool),
+}
+
+/// Values in [-1, 1) without a random generator (the timing does not depend on them).
+fn filled(shape: &[usize], dtype: DType, seed: usize) -> Result<Tensor> {
+    let n = shape.iter().product::<usize>();
+    let values: Vec<f64> = (0..n)
+        .map(|i| ((i * 7919 + seed * 104_729) % 1000) as f64 / 500.0 - 1.0)
+        .collect();
+    Ok(Tensor::from_f64(&values, shape, dtype, Device::Cpu)?)
+}
+
+fn parse(line: &str) -> Result<Work> {
+    let bad = || format!("cannot read {line:?}: see the header of examples/paired.rs");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let number = |i: usize| -> Result<usize> {
+        Ok(words.get(i).and_then(|w| w.parse().ok()).ok_or_else(bad)?)
+    };
+    let dtype: DType = words.get(1).ok_or_else(bad)?.parse()?;
+    match words.first() {
+        Some(&"gemm") => {
+            let n = number(2)?;
+            Ok(Work::Gemm(
+                filled(&[n, n], dtype, 1)?,
+                filled(&[n, n], dtype, 2)?,
+            ))
+        }
+        Some(&"sdpa") => {
+            let (d, l) = (number(2)?, number(3)?);
+            let shape = [2, 16, l, d];
+            Ok(Work::Sdpa(
+                [
+                    filled(&shape, dtype, 1)?,
+                    filled(&shape, dtype, 2)?,
+                    filled(&shape, dtype, 3)?,
+                ],
+                number(4)? == 1,
+            ))
+        }
+        _ => Err(bad().into()),
+    }
+}
+
+fn main() -> Result<()> {
+    let mut current: Option<(String, Work)> = None;
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if current.as_ref().is_none_or(|(seen, _)| *seen != line) {
+            current = Some((line.clone(), parse(&line)?));
+        }
+        let Some((_, work)) = &current else { continue };
+        let start = Instant::now();
+        match work {
+            Work::Gemm(a, b) => drop(matmul(a, b)?),
+            Work::Sdpa([q, k, v], causal) => {
+                let options = SdpaOptions {
+                    is_causal: *causal,
+                    ..Default::default()
+                };
+                drop(sdpa(q, k, v, &options)?);
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let mut out = stdout.lock();
+        writeln!(out, "{seconds}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
