@@ -153,6 +153,18 @@ pub fn has_avx512_bf16() -> bool {
     }
 }
 
+/// Whether code compiled without a target feature has a hardware fused multiply-add
+/// (aarch64 always; x86-64 only when the whole build targets FMA).
+pub(crate) const BASELINE_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = "fma"));
+
+/// `a·b + c`, with one rounding where `FUSED`, else a multiply and an add: the portable
+/// kernels take [`BASELINE_FMA`], since without the instruction `f32::mul_add` is a
+/// library routine that made them ~100x slower.
+#[inline(always)]
+pub(crate) fn mul_add<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
+}
+
 /// How fast this CPU's AVX512-BF16 dot products (`vdpbf16ps`, two products per lane) run
 /// next to its f32 FMAs, in multiply-adds per second: about 2 where both retire at the same
 /// rate (AMD Zen 4), about 1 where the dot products take twice as long (Intel cores without

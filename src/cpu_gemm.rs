@@ -555,7 +555,7 @@ unsafe fn micro_portable(
         for (i, row) in acc.iter_mut().enumerate() {
             let ai = a[step * 4 + i];
             for (x, &bv) in row.iter_mut().zip(bs) {
-                *x = ai.mul_add(bv, *x);
+                *x = crate::cpu::mul_add::<{ crate::cpu::BASELINE_FMA }>(ai, bv, *x);
             }
         }
     }

@@ -25,6 +25,7 @@ use std::borrow::Cow;
 use half::{bf16, f16};
 
 use crate::attention::{self, SdpBackend};
+use crate::cpu::mul_add;
 use crate::cuda::{SDPAParams, TensorMeta};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::tensor::{Storage, Tensor, host_zeros, narrow};
@@ -507,11 +508,11 @@ const EXP2_POLY: [f32; 5] = [
 /// One (pre-scaled) query row's scores against a transposed key block (`kt[x][c]`), kept
 /// in registers.
 #[inline(always)]
-fn score_row(q: &[f32], kt: &[f32]) -> [f32; BLOCK_N] {
+fn score_row<const FUSED: bool>(q: &[f32], kt: &[f32]) -> [f32; BLOCK_N] {
     let mut acc = [0f32; BLOCK_N];
     for (&qx, col) in q.iter().zip(kt.chunks_exact(BLOCK_N)) {
         for c in 0..BLOCK_N {
-            acc[c] = qx.mul_add(col[c], acc[c]);
+            acc[c] = mul_add::<FUSED>(qx, col[c], acc[c]);
         }
     }
     acc
@@ -519,7 +520,7 @@ fn score_row(q: &[f32], kt: &[f32]) -> [f32; BLOCK_N] {
 
 /// `acc * alpha + Σ_c p[c] · v_c[0..64]`, kept in registers; `v(c)` starts at key c's values.
 #[inline(always)]
-fn weighted_sum<'v>(
+fn weighted_sum<'v, const FUSED: bool>(
     mut acc: [f32; 64],
     alpha: f32,
     p: &[f32],
@@ -531,7 +532,7 @@ fn weighted_sum<'v>(
     for (c, &w) in p.iter().enumerate() {
         let row: &[f32; 64] = v(c)[..64].try_into().expect("64 values");
         for l in 0..64 {
-            acc[l] = w.mul_add(row[l], acc[l]);
+            acc[l] = mul_add::<FUSED>(w, row[l], acc[l]);
         }
     }
     acc
@@ -612,7 +613,7 @@ fn online_softmax(
 /// One query block against all its keys, online softmax in f32. Each key block is
 /// transposed once, so that scores and weighted sums are plain vector loops.
 #[inline(always)]
-fn fused_block_body(a: BlockArgs) {
+fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
     let BlockArgs {
         q,
         v,
@@ -635,7 +636,7 @@ fn fused_block_body(a: BlockArgs) {
         let keys = BLOCK_N.min(k_end - kb);
         let kt = key_block(kt, s.d, kb);
         for (r, i) in rows.clone().enumerate() {
-            let mut srow = score_row(&q[r * s.d..(r + 1) * s.d], kt);
+            let mut srow = score_row::<FUSED>(&q[r * s.d..(r + 1) * s.d], kt);
             let visible = if causal {
                 keys.min((i + 1).saturating_sub(kb))
             } else {
@@ -653,7 +654,7 @@ fn fused_block_body(a: BlockArgs) {
                 let d0 = chunk_index * 64;
                 let rows_of_v = |c: usize| &v[(kb + c) * s.dv + d0..];
                 if let Ok(full) = <&mut [f32; 64]>::try_from(&mut *chunk) {
-                    *full = weighted_sum(*full, alpha, &srow[..keys], rows_of_v);
+                    *full = weighted_sum::<FUSED>(*full, alpha, &srow[..keys], rows_of_v);
                 } else {
                     for x in chunk.iter_mut() {
                         *x *= alpha;
@@ -661,7 +662,7 @@ fn fused_block_body(a: BlockArgs) {
                     let width = chunk.len();
                     for (c, &p) in srow[..keys].iter().enumerate() {
                         for (a, &y) in chunk.iter_mut().zip(&rows_of_v(c)[..width]) {
-                            *a = p.mul_add(y, *a);
+                            *a = mul_add::<FUSED>(p, y, *a);
                         }
                     }
                 }
@@ -815,7 +816,7 @@ mod simd {
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_avx2(args: BlockArgs) {
-        super::fused_block_body(args)
+        super::fused_block_body::<true>(args)
     }
 
     /// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
@@ -1196,7 +1197,7 @@ fn run_block(args: BlockArgs) {
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         crate::cpu::CpuCapability::Avx2 => unsafe { simd::block_avx2(args) },
-        _ => fused_block_body(args),
+        _ => fused_block_body::<{ crate::cpu::BASELINE_FMA }>(args),
     }
 }
 
