@@ -4,7 +4,7 @@
 //! - CPU: the math reference (any mask, dropout, GQA; fp32 compute, or f64 for f64
 //!   inputs) and the fused path (tiled online softmax, never materialising the Lq x Lk
 //!   scores, SIMD-dispatched on the CPU capability, threads over batch x heads x query
-//!   blocks).
+//!   blocks; f64 inputs computed in f64, row by row, as PyTorch's CPU flash kernel does).
 //! - wgpu: flash and memory-efficient attention through the generated WGSL kernels.
 //! - CUDA: flash (f16/bf16 tensor cores) and memory-efficient attention (masks, f32) through
 //!   the generated CUDA kernels, with dropout (`sdpa/cuda.rs`); cuDNN's fused attention
@@ -169,6 +169,16 @@ pub fn sdpa(
                 backend,
             })
         }),
+        (Device::Cpu, SdpBackend::Flash) if query.dtype() == DType::F64 => {
+            trace::kernel(describe("fused online softmax, f64 compute"), || {
+                let (output, lse) = cpu_fused_f64(&job)?;
+                Ok(SdpaOutput {
+                    output,
+                    lse: Some(lse),
+                    backend,
+                })
+            })
+        }
         (Device::Cpu, SdpBackend::Flash) => {
             let level = crate::cpu::get_cpu_capability().to_string();
             trace::kernel(describe(&format!("fused online softmax, {level}")), || {
@@ -1202,8 +1212,9 @@ fn run_block(args: BlockArgs) {
 }
 
 /// The CPU fused path: tiled online softmax over key blocks, threads over
-/// batch x heads x query blocks. Memory beyond the inputs and outputs is one block of
-/// scores per thread.
+/// batch x heads x query blocks. Memory beyond the inputs and outputs is, per thread, one
+/// block of queries and scores, and one head's keys and values where they are widened from
+/// 16 bits or transposed (never an Lq x Lk buffer).
 fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
     let (qv, kv, vv) = (Input::of(q)?, Input::of(k)?, Input::of(v)?);
@@ -1320,6 +1331,79 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     };
     let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
     Ok((output, lse))
+}
+
+/// The fused path for f64 inputs, computed in f64 as PyTorch's CPU flash kernel does for
+/// them: each query row streams its keys through an online softmax (no score buffer),
+/// threads over runs of rows. The log-sum-exp is f64 too.
+fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
+    let (q, k, v, o, s, scale, out_shape) = job.parts();
+    let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
+    let bias = Bias::of(o.attn_mask)?;
+    let mut out = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut lse = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq)?;
+    let rows = s.b * s.h * s.lq;
+    let threads = crate::get_num_threads().min(rows).max(1);
+    let per = rows.div_ceil(threads).max(1);
+    let mut chunks = Vec::with_capacity(threads);
+    let (mut out_rest, mut lse_rest) = (out.as_mut_slice(), lse.as_mut_slice());
+    while !lse_rest.is_empty() {
+        let n = per.min(lse_rest.len());
+        let (o_here, o_next) = out_rest.split_at_mut(n * s.dv);
+        let (l_here, l_next) = lse_rest.split_at_mut(n);
+        chunks.push((chunks.len(), (o_here, l_here)));
+        (out_rest, lse_rest) = (o_next, l_next);
+    }
+    let (qv, kv, vv, bias) = (&qv, &kv, &vv, &bias);
+    crate::threads::for_each(chunks, &|(chunk, (out, lse)): (
+        usize,
+        (&mut [f64], &mut [f64]),
+    )| {
+        for (r, l) in lse.iter_mut().enumerate() {
+            let row = chunk * per + r;
+            let (bh, i) = (row / s.lq, row % s.lq);
+            let (b, h) = (bh / s.h, bh % s.h);
+            let kvh = b * s.hk + s.kv_head(h);
+            let query = &qv[row * s.d..][..s.d];
+            let acc = &mut out[r * s.dv..][..s.dv];
+            let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0);
+            let keys = if o.is_causal { s.lk.min(i + 1) } else { s.lk };
+            for j in 0..keys {
+                let key = &kv[(kvh * s.lk + j) * s.d..][..s.d];
+                let mut x = query.iter().zip(key).map(|(a, c)| a * c).sum::<f64>() * scale;
+                if let Some(bias) = bias {
+                    x += bias.at(b, h, i, j);
+                }
+                if x == f64::NEG_INFINITY {
+                    continue;
+                }
+                if x > max {
+                    let alpha = (max - x).exp();
+                    sum *= alpha;
+                    acc.iter_mut().for_each(|a| *a *= alpha);
+                    max = x;
+                }
+                let p = (x - max).exp();
+                sum += p;
+                let value = &vv[(kvh * s.lk + j) * s.dv..][..s.dv];
+                for (a, &y) in acc.iter_mut().zip(value) {
+                    *a += p * y;
+                }
+            }
+            // A row that saw no key gives zeros and -inf, as the other fused kernels.
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            acc.iter_mut().for_each(|a| *a *= inv);
+            *l = if sum > 0.0 {
+                max + sum.ln()
+            } else {
+                f64::NEG_INFINITY
+            };
+        }
+    });
+    Ok((
+        Tensor::from_vec(out, out_shape, Device::Cpu)?,
+        Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?,
+    ))
 }
 
 /// Flash or memory-efficient attention on wgpu through the generated WGSL.
