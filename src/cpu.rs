@@ -343,7 +343,7 @@ pub(crate) fn report() -> serde_json::Value {
         "arch": std::env::consts::ARCH,
         "capability": levels.used.to_string(),
         "l2_cache_bytes": l2_cache_bytes(),
-        "bf16_dot_speedup": bf16_dot_speedup().map(|x| (x * 100.0).round() / 100.0),
+        "bf16_gemm_kernel": crate::cpu_gemm::micro_for_bf16().name,
         "capability_detected": levels.detected.to_string(),
         "capability_source": match &levels.requested {
             Some(value) => format!("env {CAPABILITY_ENV}={value}"),
