@@ -986,12 +986,10 @@ mod simd {
         // mask reads are described at `mask_values`; AVX-512F is enabled by the caller's
         // target feature.
         unsafe {
-            let row_index = _mm512_add_ps(
-                _mm512_setr_ps(
-                    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                    15.0,
-                ),
-                _mm512_set1_ps(lanes.row0 as f32),
+            // Lane l holds row row0 + l.
+            let lane = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
             );
             let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
             for (c, key) in st.iter_mut().enumerate() {
@@ -1001,9 +999,11 @@ mod simd {
                     x = _mm512_add_ps(x, mask_values(mask, lanes, c));
                 }
                 if lanes.causal {
-                    // Key kb + c is visible to row i when kb + c <= i.
-                    let key_index = _mm512_set1_ps((lanes.kb + c) as f32);
-                    let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(row_index, key_index);
+                    // Key kb + c is visible to row row0 + l when kb + c - row0 <= l (a small
+                    // difference where the diagonal crosses the block: exact as a float).
+                    let key = ((lanes.kb + c) as i64 - lanes.row0 as i64) as f32;
+                    let key = _mm512_set1_ps(key);
+                    let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, key);
                     x = _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x);
                 }
                 if lanes.bias.is_some() || lanes.causal {
@@ -1048,28 +1048,24 @@ mod simd {
             }
             let last = first + (lanes.real - 1) * mask.si;
             assert!(last < mask.values.len());
-            // Two gathers of 8 lanes with 64-bit offsets l·si (any stride fits).
-            let offsets = |half: i64| {
-                _mm512_mullo_epi64(
-                    _mm512_add_epi64(
-                        _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7),
-                        _mm512_set1_epi64(8 * half),
-                    ),
-                    _mm512_set1_epi64(mask.si as i64),
-                )
-            };
+            // Two gathers of 8 lanes with 64-bit offsets l·si (any stride fits). (No
+            // closures here: they would not inherit the caller's target feature.)
+            let stride = _mm512_set1_epi64(mask.si as i64);
+            let low_offsets = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), stride);
+            let high_offsets =
+                _mm512_mullo_epi64(_mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15), stride);
             let real = (1u32 << lanes.real) - 1;
             let base = mask.values.as_ptr().add(first);
             let low = _mm512_mask_i64gather_ps::<4>(
                 _mm256_setzero_ps(),
                 real as __mmask8,
-                offsets(0),
+                low_offsets,
                 base.cast(),
             );
             let high = _mm512_mask_i64gather_ps::<4>(
                 _mm256_setzero_ps(),
                 (real >> 8) as __mmask8,
-                offsets(1),
+                high_offsets,
                 base.cast(),
             );
             _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
