@@ -358,15 +358,26 @@ fn fast_path(
         )
     };
     let (q, k, v) = (heads(0)?, heads(dm.e)?, heads(2 * dm.e)?);
+    // A padding mask takes the causal one in (as PyTorch's merge of the two): SDPA refuses
+    // an explicit mask together with is_causal.
     let keep: Option<Tensor> = padding
         .map(|p| {
-            let keep: Vec<bool> = p.iter().map(|&pad| !pad).collect();
-            Tensor::from_bools(&keep, &[dm.n, 1, 1, dm.s], x.device())
+            if !options.is_causal {
+                let keep: Vec<bool> = p.iter().map(|&pad| !pad).collect();
+                return Tensor::from_bools(&keep, &[dm.n, 1, 1, dm.s], x.device());
+            }
+            let keep: Vec<bool> = (0..dm.n * dm.l * dm.s)
+                .map(|e| {
+                    let (b, i, j) = (e / (dm.l * dm.s), e / dm.s % dm.l, e % dm.s);
+                    !p[b * dm.s + j] && j <= i
+                })
+                .collect();
+            Tensor::from_bools(&keep, &[dm.n, 1, dm.l, dm.s], x.device())
         })
         .transpose()?;
     let sdpa_options = SdpaOptions {
         attn_mask: keep.as_ref(),
-        is_causal: options.is_causal,
+        is_causal: options.is_causal && keep.is_none(),
         ..SdpaOptions::default()
     };
     let out = crate::sdpa(&q, &k, &v, &sdpa_options)?;

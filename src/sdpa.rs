@@ -40,7 +40,8 @@ const OP_CPU: &str = "scaled_dot_product_attention on the CPU";
 /// `#[sdpa_kernel(causal)]` function: see [`attention::causal_default`]).
 #[derive(Clone, Copy, Debug)]
 pub struct SdpaOptions<'a> {
-    /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`.
+    /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`; not
+    /// together with `is_causal` (an error, as in PyTorch: fold the causal mask into it).
     pub attn_mask: Option<&'a Tensor>,
     /// Dropout probability on the attention weights.
     pub dropout_p: f64,

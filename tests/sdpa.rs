@@ -4,7 +4,7 @@
 mod common;
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
-use backends::{DType, Device, Element, SdpaOptions, Tensor, sdpa};
+use backends::{DType, Device, Element, Error, SdpaOptions, Tensor, sdpa};
 use common::{adapter, attention_reference, in_child, random, rel_err};
 use half::{bf16, f16};
 
@@ -149,8 +149,7 @@ fn shapes() -> Vec<Case> {
     });
     cases.push(Case {
         mask: Some(false),
-        causal: true,
-        ..case(65, 65, 64)
+        ..case(65, 97, 64)
     });
     cases.push(Case {
         h: 4,
@@ -221,16 +220,9 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
                 Box::new(|_, _, _, j| padding[j]),
             ),
         ];
-        for (causal, (mask, bias)) in [
-            (false, &masks[0]),
-            (true, &masks[0]),
-            (false, &masks[1]),
-            (false, &masks[2]),
-            (true, &masks[2]),
-        ] {
+        for (mask, bias) in &masks {
             let options = SdpaOptions {
                 attn_mask: Some(mask),
-                is_causal: causal,
                 ..Default::default()
             };
             let out = sdpa(
@@ -247,7 +239,7 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
                 &v,
                 [b, h, h, lq, lk, d, d],
                 1.0 / (d as f64).sqrt(),
-                causal,
+                false,
                 bias,
             );
             let mut want = want;
@@ -261,10 +253,45 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
             let err = rel_err(&host(&out.output), &want);
             assert!(
                 err < 1e-5,
-                "d {d}, causal {causal}, mask strides {:?}: {err}",
+                "d {d}, mask strides {:?}: {err}",
                 mask.strides()
             );
         }
+    }
+}
+
+#[test]
+fn an_explicit_mask_with_is_causal_is_refused_as_in_pytorch() {
+    let t = tensor::<f32>(&random(2 * 5 * 8), &[1, 2, 5, 8], Device::Cpu);
+    let mask = Tensor::from_bools(&[true; 25], &[5, 5], Device::Cpu).unwrap();
+    let options = SdpaOptions {
+        attn_mask: Some(&mask),
+        is_causal: true,
+        ..Default::default()
+    };
+    let err = sdpa(&t, &t, &t, &options).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                what: "attn_mask",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("fold the causal mask into attn_mask")
+    );
+    // Either alone is fine.
+    for (attn_mask, is_causal) in [(Some(&mask), false), (None, true)] {
+        let options = SdpaOptions {
+            attn_mask,
+            is_causal,
+            ..Default::default()
+        };
+        sdpa(&t, &t, &t, &options).unwrap();
     }
 }
 

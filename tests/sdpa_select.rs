@@ -98,9 +98,10 @@ fn cases() -> Vec<Case> {
     strided.key.strides[3] = 2;
     let mut cpu_dropout = params(4, 4, 64, 64, 32, DType::F32, Device::Cpu);
     cpu_dropout.dropout = 0.1;
-    let mut cpu_masked_causal = params(4, 4, 64, 96, 32, DType::Bf16, Device::Cpu);
-    cpu_masked_causal.is_causal = true;
-    cpu_masked_causal.attn_mask = Some(meta(&[2, 1, 64, 96], DType::Bool, Device::Cpu));
+    let mut cpu_masked = params(4, 4, 64, 96, 32, DType::Bf16, Device::Cpu);
+    cpu_masked.attn_mask = Some(meta(&[2, 1, 64, 96], DType::Bool, Device::Cpu));
+    let mut cpu_causal_rect = params(4, 4, 64, 96, 32, DType::Bf16, Device::Cpu);
+    cpu_causal_rect.is_causal = true;
     vec![
         Case {
             name: "bf16 on sm80: every fused backend can",
@@ -240,8 +241,17 @@ fn cases() -> Vec<Case> {
             cudnn: vec![Reason::UnsupportedDevice(Device::Cpu)],
         },
         Case {
-            name: "CPU fused path takes masks and rectangular causal",
-            params: cpu_masked_causal,
+            name: "CPU fused path takes masks",
+            params: cpu_masked,
+            caps: CPU,
+            selected: Flash,
+            flash: vec![],
+            mem_efficient: vec![Reason::UnsupportedDevice(Device::Cpu)],
+            cudnn: vec![Reason::UnsupportedDevice(Device::Cpu)],
+        },
+        Case {
+            name: "CPU fused path takes rectangular causal",
+            params: cpu_causal_rect,
             caps: CPU,
             selected: Flash,
             flash: vec![],
@@ -436,6 +446,19 @@ fn invalid_inputs_are_errors_not_reasons() {
         assert!(matches!(
             select_with(&dropout, &CPU),
             Err(Error::InvalidArgument { .. })
+        ));
+    }
+    // As in PyTorch, an explicit mask and is_causal do not go together, on any device.
+    for (device, caps) in [(cpu, CPU), (Device::Cuda(0), cuda((9, 0), Some(90100)))] {
+        let mut both = params(2, 2, 4, 4, 8, DType::F16, device);
+        both.attn_mask = Some(meta(&[4, 4], DType::Bool, device));
+        both.is_causal = true;
+        assert!(matches!(
+            select_with(&both, &caps),
+            Err(Error::InvalidArgument {
+                what: "attn_mask",
+                ..
+            })
         ));
     }
     let mut rank = params(2, 2, 4, 4, 8, DType::F32, cpu);

@@ -222,6 +222,15 @@ fn parse_spec(attr: TokenStream2) -> syn::Result<Spec> {
             format!("list at least one backend: {BACKENDS}"),
         );
     }
+    if let (Some(_), Some((mask, span))) = (spec.causal, spec.mask)
+        && mask != MaskKind::None
+    {
+        return err(
+            span,
+            "an explicit attn_mask does not go with is_causal (as in PyTorch): fold the causal \
+             mask into the mask and drop `causal`",
+        );
+    }
     Ok(spec)
 }
 

@@ -201,7 +201,8 @@ fn title(backend: SdpBackend) -> &'static str {
 }
 
 /// Checks the inputs every backend needs: ranks, batch and head counts, lengths, head
-/// dims, dtypes, devices, mask, dropout. Breaking one is an error, not a reason.
+/// dims, dtypes, devices, mask (never together with `is_causal`, as in PyTorch), dropout.
+/// Breaking one is an error, not a reason.
 pub fn validate(p: &SDPAParams) -> Result<()> {
     let (q, k, v) = (&p.query, &p.key, &p.value);
     let bad = |detail: String| {
@@ -276,6 +277,16 @@ pub fn validate(p: &SDPAParams) -> Result<()> {
         });
     }
     if let Some(m) = &p.attn_mask {
+        if p.is_causal {
+            // PyTorch: "Explicit attn_mask should not be set when is_causal=True".
+            return Err(Error::InvalidArgument {
+                what: "attn_mask",
+                why: "an explicit attn_mask cannot be set together with is_causal = true (as in PyTorch): \
+                      fold the causal mask into attn_mask (false, or -inf, above the diagonal) and set \
+                      is_causal = false"
+                    .into(),
+            });
+        }
         check_mask(p, m)?;
     }
     Ok(())

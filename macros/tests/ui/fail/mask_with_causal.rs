@@ -1,0 +1,6 @@
+#[backends::sdpa_kernel(math, causal, mask = float)]
+fn attend() {}
+
+fn main() {
+    attend();
+}
