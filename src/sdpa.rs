@@ -711,7 +711,8 @@ mod simd {
     /// The fused block for AVX-512, with the block's 48 query rows in vector lanes: scores
     /// of 8 keys x 48 rows per register tile (the keys read as rows, not transposed), the
     /// online softmax of 16 rows per vector (no horizontal reductions, no branches on the
-    /// data), the weighted sums as register tiles of [`TILE_ROWS`] rows.
+    /// data), the weighted sums as register tiles of 8 value columns x 48 rows (the values
+    /// broadcast, the weights read as vectors), turned back into rows once per block.
     ///
     /// # Safety
     /// The CPU has AVX-512F and DQ.
@@ -739,8 +740,9 @@ mod simd {
         let st: &mut [[f32; BLOCK_M]] = bytemuck::cast_slice_mut(&mut st_lines);
         let mut rows_state = [RowState::new(); BLOCK_M / 16];
         let mut alpha = [1f32; BLOCK_M];
-        let acc = &mut out[..n_rows * s.dv];
-        acc.fill(0.0);
+        // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
+        let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
+        let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
         let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
         for kb in (0..k_end).step_by(BLOCK_N) {
             let keys = BLOCK_N.min(k_end - kb);
@@ -770,42 +772,16 @@ mod simd {
                 let factor = softmax(&mut st[..keys], lanes, state);
                 alpha[16 * j..16 * j + 16].copy_from_slice(&factor);
             }
+            // The weighted sums, 8 value columns x 48 rows per register tile.
             let values = &v[kb * s.dv..];
-            let mut tiles = 0;
-            for d0 in (0..s.dv).step_by(64) {
-                let width = (s.dv - d0).min(64);
-                let mut r = 0;
-                while r + TILE_ROWS <= n_rows {
-                    let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
-                    tiles += 1;
-                    weighted::<TILE_ROWS>(
-                        &mut acc[r * s.dv..],
-                        s.dv,
-                        d0,
-                        width,
-                        &alpha[r..],
-                        st,
-                        r,
-                        values,
-                        keys,
-                        ahead,
-                    );
-                    r += TILE_ROWS;
-                }
-                for r in r..n_rows {
-                    weighted::<1>(
-                        &mut acc[r * s.dv..],
-                        s.dv,
-                        d0,
-                        width,
-                        &alpha[r..],
-                        st,
-                        r,
-                        values,
-                        keys,
-                        &[],
-                    );
-                }
+            let mut x0 = 0;
+            while x0 + 8 <= s.dv {
+                let ahead = piece(next_keys, x0 / 8, 16 * BLOCK_N);
+                weighted::<8>(acc_t, x0, &alpha, st, values, s.dv, keys, ahead);
+                x0 += 8;
+            }
+            for x in x0..s.dv {
+                weighted::<1>(acc_t, x, &alpha, st, values, s.dv, keys, &[]);
             }
         }
         let mut max = [0f32; BLOCK_M];
@@ -817,7 +793,100 @@ mod simd {
                 _mm512_storeu_ps(sum.as_mut_ptr().add(16 * j), state.sum);
             }
         }
+        let acc = &mut out[..n_rows * s.dv];
+        rows_from_lanes(acc_t, acc, s.dv, n_rows);
         super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
+    }
+
+    /// The weighted sums with the block's rows in lanes, for value columns `x0..x0 + W`:
+    /// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c pt[c][r]·v[c][x]` over `keys` value rows
+    /// (`dv` apart), 3·W accumulators in registers: the weights load as vectors, the values
+    /// broadcast. Meanwhile asks for `ahead` in L2, a cache line per key.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn weighted<const W: usize>(
+        acc_t: &mut [f32],
+        x0: usize,
+        alpha: &[f32; BLOCK_M],
+        pt: &[[f32; BLOCK_M]],
+        v: &[f32],
+        dv: usize,
+        keys: usize,
+        ahead: &[f32],
+    ) {
+        assert!(acc_t.len() >= (x0 + W) * BLOCK_M && keys <= pt.len() && x0 + W <= dv);
+        assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + W);
+        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
+        // the caller's target feature.
+        unsafe {
+            // (No closures here: they would not inherit the caller's target feature.)
+            let at = alpha.as_ptr();
+            let scale = [
+                _mm512_loadu_ps(at),
+                _mm512_loadu_ps(at.add(16)),
+                _mm512_loadu_ps(at.add(32)),
+            ];
+            let mut acc = [[_mm512_setzero_ps(); 3]; W];
+            for (w, row) in acc.iter_mut().enumerate() {
+                let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M);
+                for j in 0..3 {
+                    row[j] = _mm512_mul_ps(_mm512_loadu_ps(at.add(16 * j)), scale[j]);
+                }
+            }
+            for c in 0..keys {
+                if 16 * c < ahead.len() {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
+                }
+                let weights = pt.get_unchecked(c).as_ptr();
+                let p = [
+                    _mm512_loadu_ps(weights),
+                    _mm512_loadu_ps(weights.add(16)),
+                    _mm512_loadu_ps(weights.add(32)),
+                ];
+                let values = v.as_ptr().add(c * dv + x0);
+                for (w, row) in acc.iter_mut().enumerate() {
+                    let b = _mm512_set1_ps(*values.add(w));
+                    for j in 0..3 {
+                        row[j] = _mm512_fmadd_ps(p[j], b, row[j]);
+                    }
+                }
+            }
+            for (w, row) in acc.iter().enumerate() {
+                let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M);
+                for (j, &a) in row.iter().enumerate() {
+                    _mm512_storeu_ps(at.add(16 * j), a);
+                }
+            }
+        }
+    }
+
+    /// `acc[r][x] = acc_t[x][r]` for the first `n_rows` rows (`dv` columns each), 16
+    /// columns per gather.
+    #[inline(always)]
+    fn rows_from_lanes(acc_t: &[f32], acc: &mut [f32], dv: usize, n_rows: usize) {
+        assert!(acc_t.len() >= dv * BLOCK_M && acc.len() >= n_rows * dv && n_rows <= BLOCK_M);
+        // SAFETY: lane l of the gather for (r, x0) reads acc_t[(x0 + l)·48 + r] with
+        // x0 + l < dv (masked), inside `acc_t`; the masked store writes acc[r][x0 + l],
+        // inside `acc` (both checked); AVX-512F is enabled by the caller's target feature.
+        unsafe {
+            let offsets = _mm512_mullo_epi32(
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                _mm512_set1_epi32(BLOCK_M as i32),
+            );
+            for x0 in (0..dv).step_by(16) {
+                let real = ((1u32 << (dv - x0).min(16)) - 1) as __mmask16;
+                for r in 0..n_rows {
+                    let base = acc_t.as_ptr().add(x0 * BLOCK_M + r);
+                    let values = _mm512_mask_i32gather_ps::<4>(
+                        _mm512_setzero_ps(),
+                        real,
+                        offsets,
+                        base.cast(),
+                    );
+                    _mm512_mask_storeu_ps(acc.as_mut_ptr().add(r * dv + x0), real, values);
+                }
+            }
+        }
     }
 
     /// The fused block compiled for AVX2 and FMA.
@@ -882,10 +951,6 @@ mod simd {
         &all[start..(start + len).min(all.len())]
     }
 
-    /// Query rows per register tile of the weighted sums: 6 rows x 64 columns is 24 of the
-    /// 32 zmm registers.
-    const TILE_ROWS: usize = 6;
-
     /// Scores of 8 keys (rows of `k` starting at `key_at[c]`) against the block's queries
     /// held transposed (`qt[x][r]`): `out[c][r]`, 24 accumulators in registers. Meanwhile
     /// asks for `ahead` in L2, a cache line per step.
@@ -921,66 +986,6 @@ mod simd {
             for (c, row) in acc.iter().enumerate() {
                 for (j, &a) in row.iter().enumerate() {
                     _mm512_storeu_ps(out[c].as_mut_ptr().add(16 * j), a);
-                }
-            }
-        }
-    }
-
-    /// For `R` rows of `out` (`dv` apart), columns `d0..d0 + width` (`width` ≤ 64):
-    /// `out·alpha[r] + Σ_c pt[c][r0 + r] · v[c][d0..d0 + width]` over `keys` value rows,
-    /// accumulated in registers. Meanwhile asks for `ahead` in L2, a cache line per key.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn weighted<const R: usize>(
-        out: &mut [f32],
-        dv: usize,
-        d0: usize,
-        width: usize,
-        alpha: &[f32],
-        pt: &[[f32; BLOCK_M]],
-        r0: usize,
-        v: &[f32],
-        keys: usize,
-        ahead: &[f32],
-    ) {
-        assert!(width <= 64 && d0 + width <= dv && out.len() >= (R - 1) * dv + dv);
-        assert!(alpha.len() >= R && r0 + R <= BLOCK_M && keys <= pt.len());
-        assert!(keys == 0 || v.len() >= (keys - 1) * dv + d0 + width);
-        // Lanes of each of the four vectors that are inside the width.
-        let masks: [__mmask16; 4] = std::array::from_fn(|j| {
-            ((1u32 << width.saturating_sub(16 * j).min(16)) - 1) as __mmask16
-        });
-        // SAFETY: the masked accesses touch only columns below d0 + width of rows inside
-        // the slices checked above (masked-off lanes do not fault); AVX-512F is enabled by
-        // the caller's target feature.
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
-            for (r, row) in acc.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(alpha[r]);
-                let at = out.as_ptr().add(r * dv + d0);
-                for (j, slot) in row.iter_mut().enumerate() {
-                    *slot = _mm512_mul_ps(_mm512_maskz_loadu_ps(masks[j], at.add(16 * j)), a);
-                }
-            }
-            for c in 0..keys {
-                if 16 * c < ahead.len() {
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
-                }
-                let values = v.as_ptr().add(c * dv + d0);
-                let vv: [__m512; 4] =
-                    std::array::from_fn(|j| _mm512_maskz_loadu_ps(masks[j], values.add(16 * j)));
-                let weights = pt.get_unchecked(c).as_ptr().add(r0);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let p = _mm512_set1_ps(*weights.add(r));
-                    for j in 0..4 {
-                        row[j] = _mm512_fmadd_ps(p, vv[j], row[j]);
-                    }
-                }
-            }
-            for (r, row) in acc.iter().enumerate() {
-                let at = out.as_mut_ptr().add(r * dv + d0);
-                for (j, &a) in row.iter().enumerate() {
-                    _mm512_mask_storeu_ps(at.add(16 * j), masks[j], a);
                 }
             }
         }
@@ -1252,22 +1257,15 @@ impl HeadCache {
     }
 
     /// Elements `range` of `input`, the head `head`'s, as f32: borrowed where the input is
-    /// f32, else widened once per head. With `line_rows: Some(row)`, f32 rows of `row`
-    /// floats that could start on cache lines but do not are copied so that they do (the
-    /// vector loads of a misaligned row straddle two lines: -6-11% at d = 128).
+    /// f32, else widened once per head.
     fn f32s<'s>(
         &'s mut self,
         input: &'s Input,
         head: usize,
         range: std::ops::Range<usize>,
-        line_rows: Option<usize>,
     ) -> &'s [f32] {
         if let Input::F32(all) = input {
-            let values = &all[range.clone()];
-            let misaligned = !(values.as_ptr() as usize).is_multiple_of(64);
-            if !line_rows.is_some_and(|row| row.is_multiple_of(16) && misaligned) {
-                return values;
-            }
+            return &all[range];
         }
         self.get_or_fill(head, range.len(), |out| input.copy_into(range, out))
     }
@@ -1347,7 +1345,7 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             let kvh = b * s.hk + hk;
             let key_range = kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d;
             let (k, kt) = if key_rows {
-                (k_head.f32s(kv, kvh, key_range, None), &[][..])
+                (k_head.f32s(kv, kvh, key_range), &[][..])
             } else {
                 let len = s.lk.div_ceil(BLOCK_N) * s.d * BLOCK_N;
                 let kt = k_head.get_or_fill(kvh, len, |kt| {
@@ -1355,12 +1353,7 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 });
                 (&[][..], kt)
             };
-            let v = v_head.f32s(
-                vv,
-                kvh,
-                kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv,
-                Some(s.dv),
-            );
+            let v = v_head.f32s(vv, kvh, kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv);
             let mask = bias
                 .as_ref()
                 .zip(bias_values.as_deref())
@@ -1630,36 +1623,21 @@ mod tests {
     }
 
     #[test]
-    fn head_values_come_line_aligned_unless_their_rows_never_can() {
+    fn head_values_are_borrowed_for_f32_and_widened_once_into_aligned_lines_for_16_bits() {
         let all: Vec<f32> = (0..4096).map(|i| (i as f32).sin()).collect();
-        let line_start = all.as_ptr().align_offset(64);
-        for shift in 0..16 {
-            let first = line_start + shift;
-            let range = first..first + 32 * 16;
-            let input = Input::F32(std::borrow::Cow::Borrowed(&all));
-            let mut cache = HeadCache::default();
-            // Rows of 16 floats: always handed out on a line, copied where they are not.
-            let got = cache.f32s(&input, 0, range.clone(), Some(16));
-            assert!((got.as_ptr() as usize).is_multiple_of(64), "shift {shift}");
-            assert_eq!(got, &all[range.clone()]);
-            assert_eq!(got.as_ptr() == all[first..].as_ptr(), shift == 0);
-            // Rows of 24 floats never all start on lines, nor do rows nobody asked for:
-            // borrowed as they are.
-            for line_rows in [Some(24), None] {
-                let mut cache = HeadCache::default();
-                let got = cache.f32s(&input, 0, range.clone(), line_rows);
-                assert_eq!(got.as_ptr(), all[first..].as_ptr());
-            }
-        }
-        // 16-bit values are widened into aligned memory, once per head.
+        let input = Input::F32(std::borrow::Cow::Borrowed(&all));
+        let mut cache = HeadCache::default();
+        assert_eq!(cache.f32s(&input, 0, 5..77).as_ptr(), all[5..].as_ptr());
         let halves: Vec<half::bf16> = all.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let input = Input::Bf16(&halves);
-        let mut cache = HeadCache::default();
-        let got = cache.f32s(&input, 3, 5..5 + 48, None).to_vec();
+        let got = cache.f32s(&input, 3, 5..53).to_vec();
         assert_eq!(
             got,
             halves[5..53].iter().map(|x| x.to_f32()).collect::<Vec<_>>()
         );
-        assert!((cache.f32s(&input, 3, 5..53, None).as_ptr() as usize).is_multiple_of(64));
+        // The same head again: the cached values, on a cache line.
+        let again = cache.f32s(&input, 3, 5..53);
+        assert!((again.as_ptr() as usize).is_multiple_of(64));
+        assert_eq!(again, &got[..]);
     }
 }
