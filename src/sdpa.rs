@@ -623,8 +623,9 @@ fn online_softmax(
     Some(alpha)
 }
 
-/// One query block against all its keys, online softmax in f32. Each key block is
-/// transposed once, so that scores and weighted sums are plain vector loops.
+/// One query block against all its keys, online softmax in f32, in portable code (the
+/// build's vector width): each key block is transposed once, so that scores and weighted
+/// sums are plain loops the compiler vectorises.
 #[inline(always)]
 fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
     let BlockArgs {
@@ -708,406 +709,114 @@ mod simd {
 
     use super::{BLOCK_M, BLOCK_N, BlockArgs, EXP2_POLY, Line, MaskView};
 
-    /// The fused block for AVX-512, with the block's 48 query rows in vector lanes: scores
-    /// of 8 keys x 48 rows per register tile (the keys read as rows, not transposed), the
-    /// online softmax of 16 rows per vector (no horizontal reductions, no branches on the
-    /// data), the weighted sums as register tiles of 8 value columns x 48 rows (the values
-    /// broadcast, the weights read as vectors), turned back into rows once per block.
+    /// The fused block for AVX-512: [`block_lanes`] with 16 rows per vector, score tiles of
+    /// 8 keys x 48 rows and weighted-sum tiles of 8 value columns x 48 rows.
     ///
     /// # Safety
     /// The CPU has AVX-512F and DQ.
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     pub(super) unsafe fn block_avx512(a: BlockArgs) {
-        let BlockArgs {
-            q,
-            k,
-            v,
-            rows,
-            s,
-            causal,
-            bias,
-            out,
-            lse,
-            ..
-        } = a;
-        let n_rows = rows.len();
-        let d = s.d;
-        // The block's queries transposed, `qt[x][r]`, rows past the block zero.
-        let qt_lines = transpose_queries(q, d, n_rows);
-        let qt: &[f32] = bytemuck::cast_slice(&qt_lines);
-        // Scores, then weights, of the key block: `st[c][r]`.
-        let mut st_lines = [[Line::ZERO; BLOCK_M / 16]; BLOCK_N];
-        let st: &mut [[f32; BLOCK_M]] = bytemuck::cast_slice_mut(&mut st_lines);
-        let mut rows_state = [RowState::new(); BLOCK_M / 16];
-        let mut alpha = [1f32; BLOCK_M];
-        // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
-        let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
-        let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
-        let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
-        for kb in (0..k_end).step_by(BLOCK_N) {
-            let keys = BLOCK_N.min(k_end - kb);
-            // While the scores are formed, the block's values are fetched into L2, and the
-            // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
-            let block_values = &v[kb * s.dv..(kb + keys) * s.dv];
-            let next_keys = &k[(kb + keys) * d..k_end.min(kb + keys + BLOCK_N) * d];
-            for c0 in (0..keys).step_by(8) {
-                // Past the last key, repeat it (those scores are never read).
-                let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1) * d);
-                let ahead = piece(block_values, c0 / 8, 16 * d);
-                scores(qt, d, k, key_at, &mut st[c0..], ahead);
-            }
-            for (j, state) in rows_state.iter_mut().enumerate() {
-                let row0 = rows.start + 16 * j;
-                if row0 >= rows.end {
-                    break;
-                }
-                let lanes = Lanes {
-                    first: 16 * j,
-                    row0,
-                    real: (rows.end - row0).min(16),
-                    kb,
-                    causal: causal && kb + keys > row0 + 1,
-                    bias,
-                };
-                let factor = softmax(&mut st[..keys], lanes, state);
-                alpha[16 * j..16 * j + 16].copy_from_slice(&factor);
-            }
-            // The weighted sums, 8 value columns x 48 rows per register tile.
-            let values = &v[kb * s.dv..];
-            let mut x0 = 0;
-            while x0 + 8 <= s.dv {
-                let ahead = piece(next_keys, x0 / 8, 16 * BLOCK_N);
-                weighted::<8>(acc_t, x0, &alpha, st, values, s.dv, keys, ahead);
-                x0 += 8;
-            }
-            for x in x0..s.dv {
-                weighted::<1>(acc_t, x, &alpha, st, values, s.dv, keys, &[]);
-            }
-        }
-        let mut max = [0f32; BLOCK_M];
-        let mut sum = [0f32; BLOCK_M];
-        for (j, state) in rows_state.iter().enumerate() {
-            // SAFETY: 16 floats fit at 16·j of the 48.
-            unsafe {
-                _mm512_storeu_ps(max.as_mut_ptr().add(16 * j), state.max);
-                _mm512_storeu_ps(sum.as_mut_ptr().add(16 * j), state.sum);
-            }
-        }
-        let acc = &mut out[..n_rows * s.dv];
-        rows_from_lanes(acc_t, acc, s.dv, n_rows);
-        super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
+        // SAFETY: the caller's CPU has what `__m512`'s operations need.
+        unsafe { block_lanes::<__m512, 8, 3, 8>(a) }
     }
 
-    /// The weighted sums with the block's rows in lanes, for value columns `x0..x0 + W`:
-    /// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c pt[c][r]·v[c][x]` over `keys` value rows
-    /// (`dv` apart), 3·W accumulators in registers: the weights load as vectors, the values
-    /// broadcast. Meanwhile asks for `ahead` in L2, a cache line per key.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn weighted<const W: usize>(
-        acc_t: &mut [f32],
-        x0: usize,
-        alpha: &[f32; BLOCK_M],
-        pt: &[[f32; BLOCK_M]],
-        v: &[f32],
-        dv: usize,
-        keys: usize,
-        ahead: &[f32],
-    ) {
-        assert!(acc_t.len() >= (x0 + W) * BLOCK_M && keys <= pt.len() && x0 + W <= dv);
-        assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + W);
-        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
-        // the caller's target feature.
-        unsafe {
-            // (No closures here: they would not inherit the caller's target feature.)
-            let at = alpha.as_ptr();
-            let scale = [
-                _mm512_loadu_ps(at),
-                _mm512_loadu_ps(at.add(16)),
-                _mm512_loadu_ps(at.add(32)),
-            ];
-            let mut acc = [[_mm512_setzero_ps(); 3]; W];
-            for (w, row) in acc.iter_mut().enumerate() {
-                let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M);
-                for j in 0..3 {
-                    row[j] = _mm512_mul_ps(_mm512_loadu_ps(at.add(16 * j)), scale[j]);
-                }
-            }
-            for c in 0..keys {
-                if 16 * c < ahead.len() {
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
-                }
-                let weights = pt.get_unchecked(c).as_ptr();
-                let p = [
-                    _mm512_loadu_ps(weights),
-                    _mm512_loadu_ps(weights.add(16)),
-                    _mm512_loadu_ps(weights.add(32)),
-                ];
-                let values = v.as_ptr().add(c * dv + x0);
-                for (w, row) in acc.iter_mut().enumerate() {
-                    let b = _mm512_set1_ps(*values.add(w));
-                    for j in 0..3 {
-                        row[j] = _mm512_fmadd_ps(p[j], b, row[j]);
-                    }
-                }
-            }
-            for (w, row) in acc.iter().enumerate() {
-                let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M);
-                for (j, &a) in row.iter().enumerate() {
-                    _mm512_storeu_ps(at.add(16 * j), a);
-                }
-            }
-        }
-    }
-
-    /// `acc[r][x] = acc_t[x][r]` for the first `n_rows` rows (`dv` columns each), 16
-    /// columns per gather.
-    #[inline(always)]
-    fn rows_from_lanes(acc_t: &[f32], acc: &mut [f32], dv: usize, n_rows: usize) {
-        assert!(acc_t.len() >= dv * BLOCK_M && acc.len() >= n_rows * dv && n_rows <= BLOCK_M);
-        // SAFETY: lane l of the gather for (r, x0) reads acc_t[(x0 + l)·48 + r] with
-        // x0 + l < dv (masked), inside `acc_t`; the masked store writes acc[r][x0 + l],
-        // inside `acc` (both checked); AVX-512F is enabled by the caller's target feature.
-        unsafe {
-            let offsets = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32(BLOCK_M as i32),
-            );
-            for x0 in (0..dv).step_by(16) {
-                let real = ((1u32 << (dv - x0).min(16)) - 1) as __mmask16;
-                for r in 0..n_rows {
-                    let base = acc_t.as_ptr().add(x0 * BLOCK_M + r);
-                    let values = _mm512_mask_i32gather_ps::<4>(
-                        _mm512_setzero_ps(),
-                        real,
-                        offsets,
-                        base.cast(),
-                    );
-                    _mm512_mask_storeu_ps(acc.as_mut_ptr().add(r * dv + x0), real, values);
-                }
-            }
-        }
-    }
-
-    /// The fused block compiled for AVX2 and FMA.
+    /// The fused block for AVX2: [`block_lanes`] with 8 rows per vector, score tiles of
+    /// 4 keys x 24 rows and weighted-sum tiles of 4 value columns x 24 rows (12 of the 16
+    /// registers).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn block_avx2(args: BlockArgs) {
-        super::fused_block_body::<true>(args)
+    pub(super) unsafe fn block_avx2(a: BlockArgs) {
+        // SAFETY: the caller's CPU has what `__m256`'s operations need.
+        unsafe { block_lanes::<__m256, 4, 3, 4>(a) }
     }
 
-    /// The block's `n_rows` queries (`q`, rows of `d`) transposed to `qt[x][r]` with
-    /// `BLOCK_M` rows, those past `n_rows` zero: 16 rows per gather.
+    /// The vector operations of the fused block, on one register of `LANES` floats. Every
+    /// method is unsafe: the CPU must have the vector's instruction set, and pointers must
+    /// be valid for the lanes they touch.
+    trait Vector: Copy {
+        /// Floats per register.
+        const LANES: usize;
+        unsafe fn splat(x: f32) -> Self;
+        unsafe fn load(at: *const f32) -> Self;
+        unsafe fn store(self, at: *mut f32);
+        /// Stores lanes `0..n` only.
+        unsafe fn store_first(self, at: *mut f32, n: usize);
+        /// `a·b + c`.
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+        unsafe fn mul(a: Self, b: Self) -> Self;
+        unsafe fn add(a: Self, b: Self) -> Self;
+        unsafe fn max(a: Self, b: Self) -> Self;
+        /// `base[l·stride]` in lanes `l < n`, 0 in the others (64-bit offsets: any stride).
+        unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self;
+        /// -inf in the lanes whose index is below `first_shown`, `x` in the others.
+        unsafe fn hide_below(x: Self, first_shown: f32) -> Self;
+        /// `max·log2 e`, 0 where `max` is -inf (rows that have seen no key).
+        unsafe fn shift_of(max: Self) -> Self;
+        /// e^(s - max) with `shift` = max·log2 e: 2^(s·log2 e - shift) formed by one FMA,
+        /// split into 2^n · 2^f with the polynomial of [`super::fast_exp`]. Exactly 0 where
+        /// the power is below -125 (and for s = -inf), NaN for NaN.
+        unsafe fn exp_shifted(s: Self, shift: Self) -> Self;
+    }
+
+    /// The polynomial of 2^f on [-0.5, 0.5] (Horner, [`EXP2_POLY`] then 1).
     #[inline(always)]
-    fn transpose_queries(q: &[f32], d: usize, n_rows: usize) -> Vec<Line> {
-        assert!(n_rows <= BLOCK_M && q.len() >= n_rows * d);
-        let mut lines = vec![Line::ZERO; d * BLOCK_M / 16];
-        let qt: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
-        if d * BLOCK_M > i32::MAX as usize {
-            // Offsets past what a gather holds (a head dim in the tens of millions).
-            for r in 0..n_rows {
-                for x in 0..d {
-                    qt[x * BLOCK_M + r] = q[r * d + x];
-                }
-            }
-            return lines;
-        }
-        // SAFETY: lane l of gather j reads q[(16j + l)·d + x] (offsets below 48·d, which fits
-        // an i32) only for rows below n_rows (masked), inside `q` (checked); the stores fill qt[x][0..48], inside `qt`;
-        // AVX-512F is enabled by the caller's target feature.
+    unsafe fn exp2_fraction<V: Vector>(f: V) -> V {
+        // SAFETY: register work, under the caller's instruction set.
         unsafe {
-            let rows = _mm512_mullo_epi32(
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                _mm512_set1_epi32(d as i32),
-            );
-            // (No closures here: they would not inherit the caller's target feature.)
-            let mut offsets = [rows; 3];
-            let mut real = [0 as __mmask16; 3];
-            for j in 0..3 {
-                offsets[j] = _mm512_add_epi32(rows, _mm512_set1_epi32((16 * j * d) as i32));
-                real[j] = ((1u32 << n_rows.saturating_sub(16 * j).min(16)) - 1) as __mmask16;
+            let mut p = V::splat(EXP2_POLY[0]);
+            for &coefficient in &EXP2_POLY[1..] {
+                p = V::fmadd(f, p, V::splat(coefficient));
             }
-            for x in 0..d {
-                let column = q.as_ptr().add(x);
-                for j in 0..3 {
-                    let values = _mm512_mask_i32gather_ps::<4>(
-                        _mm512_setzero_ps(),
-                        real[j],
-                        offsets[j],
-                        column.cast(),
-                    );
-                    _mm512_storeu_ps(qt.as_mut_ptr().add(x * BLOCK_M + 16 * j), values);
-                }
-            }
-        }
-        lines
-    }
-
-    /// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
-    fn piece(all: &[f32], index: usize, len: usize) -> &[f32] {
-        let start = (index * len).min(all.len());
-        &all[start..(start + len).min(all.len())]
-    }
-
-    /// Scores of 8 keys (rows of `k` starting at `key_at[c]`) against the block's queries
-    /// held transposed (`qt[x][r]`): `out[c][r]`, 24 accumulators in registers. Meanwhile
-    /// asks for `ahead` in L2, a cache line per step.
-    #[inline(always)]
-    fn scores(
-        qt: &[f32],
-        d: usize,
-        k: &[f32],
-        key_at: [usize; 8],
-        out: &mut [[f32; BLOCK_M]],
-        ahead: &[f32],
-    ) {
-        assert!(qt.len() >= d * BLOCK_M && out.len() >= 8);
-        assert!(key_at.iter().all(|&at| at + d <= k.len()));
-        // SAFETY: every access is within the slices checked above; AVX-512F is enabled by
-        // the caller's target feature.
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 3]; 8];
-            let keys = key_at.map(|at| k.as_ptr().add(at));
-            for x in 0..d {
-                if 16 * x < ahead.len() {
-                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * x).cast());
-                }
-                let column = qt.as_ptr().add(x * BLOCK_M);
-                let qv = [0, 16, 32].map(|o| _mm512_loadu_ps(column.add(o)));
-                for (key, row) in keys.iter().zip(acc.iter_mut()) {
-                    let kx = _mm512_set1_ps(*key.add(x));
-                    for j in 0..3 {
-                        row[j] = _mm512_fmadd_ps(qv[j], kx, row[j]);
-                    }
-                }
-            }
-            for (c, row) in acc.iter().enumerate() {
-                for (j, &a) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out[c].as_mut_ptr().add(16 * j), a);
-                }
-            }
+            V::fmadd(f, p, V::splat(1.0))
         }
     }
 
-    /// The running max and sum of 16 query rows, one per lane.
-    #[derive(Clone, Copy)]
-    struct RowState {
-        max: __m512,
-        sum: __m512,
-    }
-
-    impl RowState {
+    // SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+    // has AVX-512F and DQ, pointers are valid for the lanes touched).
+    #[allow(unsafe_op_in_unsafe_fn)]
+    impl Vector for __m512 {
+        const LANES: usize = 16;
         #[inline(always)]
-        fn new() -> RowState {
-            // SAFETY: AVX-512F is enabled by the caller's target feature.
-            unsafe {
-                RowState {
-                    max: _mm512_set1_ps(f32::NEG_INFINITY),
-                    sum: _mm512_setzero_ps(),
-                }
-            }
+        unsafe fn splat(x: f32) -> Self {
+            _mm512_set1_ps(x)
         }
-    }
-
-    /// Which 16 rows a softmax vector holds, and what hides keys from them.
-    #[derive(Clone, Copy)]
-    struct Lanes<'a> {
-        /// The first row's place in the block (0, 16 or 32).
-        first: usize,
-        /// The first row's query index.
-        row0: usize,
-        /// Rows that exist (the others are padding, their lanes never read).
-        real: usize,
-        /// The key block's first key.
-        kb: usize,
-        /// Whether the causal diagonal crosses this key block for these rows.
-        causal: bool,
-        bias: Option<MaskView<'a>>,
-    }
-
-    /// The online softmax of one key block for 16 query rows, one row per lane: `st[c]`
-    /// holds the scores of key `c` and becomes its weights. Keys after a row's diagonal
-    /// (causal) get weight 0, the mask is added; returns the factors that rescale the rows'
-    /// earlier sums (0 while a row has seen no key).
-    #[inline(always)]
-    fn softmax(st: &mut [[f32; BLOCK_M]], lanes: Lanes, state: &mut RowState) -> [f32; 16] {
-        assert!(lanes.first + 16 <= BLOCK_M && lanes.real >= 1);
-        // SAFETY: lanes first..first + 16 of each row of `st` are in bounds (checked); the
-        // mask reads are described at `mask_values`; AVX-512F is enabled by the caller's
-        // target feature.
-        unsafe {
-            // Lane l holds row row0 + l.
-            let lane = _mm512_setr_ps(
-                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
-                15.0,
-            );
-            let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
-            for (c, key) in st.iter_mut().enumerate() {
-                let at = key.as_mut_ptr().add(lanes.first);
-                let mut x = _mm512_loadu_ps(at);
-                if let Some(mask) = lanes.bias {
-                    x = _mm512_add_ps(x, mask_values(mask, lanes, c));
-                }
-                if lanes.causal {
-                    // Key kb + c is visible to row row0 + l when kb + c - row0 <= l (a small
-                    // difference where the diagonal crosses the block: exact as a float).
-                    let key = ((lanes.kb + c) as i64 - lanes.row0 as i64) as f32;
-                    let key = _mm512_set1_ps(key);
-                    let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, key);
-                    x = _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x);
-                }
-                if lanes.bias.is_some() || lanes.causal {
-                    _mm512_storeu_ps(at, x);
-                }
-                block_max = _mm512_max_ps(block_max, x);
-            }
-            let new_max = _mm512_max_ps(state.max, block_max);
-            // Rows that have seen no key yet keep max -inf: shift them by 0, so that their
-            // weights and factor are 0 instead of NaN.
-            let seen =
-                _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(new_max, _mm512_set1_ps(f32::NEG_INFINITY));
-            let shift =
-                _mm512_maskz_mul_ps(seen, new_max, _mm512_set1_ps(std::f32::consts::LOG2_E));
-            let alpha = exp_shifted(state.max, shift);
-            state.max = new_max;
-            let mut sum = _mm512_setzero_ps();
-            for key in st.iter_mut() {
-                let at = key.as_mut_ptr().add(lanes.first);
-                let e = exp_shifted(_mm512_loadu_ps(at), shift);
-                _mm512_storeu_ps(at, e);
-                sum = _mm512_add_ps(sum, e);
-            }
-            state.sum = _mm512_fmadd_ps(state.sum, alpha, sum);
-            let mut factors = [0f32; 16];
-            _mm512_storeu_ps(factors.as_mut_ptr(), alpha);
-            factors
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> Self {
+            _mm512_loadu_ps(at)
         }
-    }
-
-    /// The mask's values for key `lanes.kb + c` of the 16 rows (0 in padding lanes): one
-    /// broadcast value where the mask does not vary along the rows, else a gather.
-    #[inline(always)]
-    fn mask_values(mask: MaskView, lanes: Lanes, c: usize) -> __m512 {
-        let first = mask.base + lanes.row0 * mask.si + (lanes.kb + c) * mask.sj;
-        // SAFETY: the gathers read the elements (row0 + l, kb + c) of the real rows, which
-        // the mask has (`first + l·si` is checked for the last real row); AVX-512F and DQ
-        // are enabled by the caller's target feature.
-        unsafe {
-            if mask.si == 0 {
-                return _mm512_set1_ps(mask.values[first]);
-            }
-            let last = first + (lanes.real - 1) * mask.si;
-            assert!(last < mask.values.len());
-            // Two gathers of 8 lanes with 64-bit offsets l·si (any stride fits). (No
-            // closures here: they would not inherit the caller's target feature.)
-            let stride = _mm512_set1_epi64(mask.si as i64);
+        #[inline(always)]
+        unsafe fn store(self, at: *mut f32) {
+            _mm512_storeu_ps(at, self)
+        }
+        #[inline(always)]
+        unsafe fn store_first(self, at: *mut f32, n: usize) {
+            _mm512_mask_storeu_ps(at, first_lanes16(n), self)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+            _mm512_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            _mm512_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            _mm512_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: Self, b: Self) -> Self {
+            _mm512_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+            let stride = _mm512_set1_epi64(stride as i64);
             let low_offsets = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), stride);
             let high_offsets =
                 _mm512_mullo_epi64(_mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15), stride);
-            let real = (1u32 << lanes.real) - 1;
-            let base = mask.values.as_ptr().add(first);
+            let real = first_lanes16(n);
             let low = _mm512_mask_i64gather_ps::<4>(
                 _mm256_setzero_ps(),
                 real as __mmask8,
@@ -1122,28 +831,511 @@ mod simd {
             );
             _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
         }
-    }
-
-    /// e^(s - max) on 16 lanes, `shift` being max·log2 e: 2^(s·log2 e - shift) formed by
-    /// one FMA, split into 2^n · 2^f with the polynomial of [`super::fast_exp`]. Exactly 0
-    /// where the power is below -125 (and for s = -inf), NaN for NaN.
-    #[inline(always)]
-    fn exp_shifted(s: __m512, shift: __m512) -> __m512 {
-        // SAFETY: AVX-512F is enabled by the callers' target feature; register-only work.
-        unsafe {
+        #[inline(always)]
+        unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+            let lane = _mm512_setr_ps(
+                0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0,
+                15.0,
+            );
+            let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, _mm512_set1_ps(first_shown));
+            _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x)
+        }
+        #[inline(always)]
+        unsafe fn shift_of(max: Self) -> Self {
+            let seen = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(max, _mm512_set1_ps(f32::NEG_INFINITY));
+            _mm512_maskz_mul_ps(seen, max, _mm512_set1_ps(std::f32::consts::LOG2_E))
+        }
+        #[inline(always)]
+        unsafe fn exp_shifted(s: Self, shift: Self) -> Self {
             let y = _mm512_fmsub_ps(s, _mm512_set1_ps(std::f32::consts::LOG2_E), shift);
             let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
-            let f = _mm512_sub_ps(y, n);
-            // (No closures here: they would not inherit the caller's target feature.)
-            let mut p = _mm512_set1_ps(EXP2_POLY[0]);
-            for &coefficient in &EXP2_POLY[1..] {
-                p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(coefficient));
-            }
-            p = _mm512_fmadd_ps(f, p, _mm512_set1_ps(1.0));
-            // No subnormal weights; -inf gives NaN in f and is zeroed here; NaN is not below.
+            let p = exp2_fraction(_mm512_sub_ps(y, n));
+            // No subnormal weights; -inf gives NaN in f and is zeroed here; NaN is not
+            // below.
             let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(-125.0));
             _mm512_maskz_scalef_ps(keep, p, n)
         }
+    }
+
+    /// The mask of lanes `0..n` of 16.
+    #[inline(always)]
+    fn first_lanes16(n: usize) -> __mmask16 {
+        ((1u32 << n.min(16)) - 1) as __mmask16
+    }
+
+    // SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+    // has AVX2 and FMA, pointers are valid for the lanes touched).
+    #[allow(unsafe_op_in_unsafe_fn)]
+    impl Vector for __m256 {
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            _mm256_set1_ps(x)
+        }
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> Self {
+            _mm256_loadu_ps(at)
+        }
+        #[inline(always)]
+        unsafe fn store(self, at: *mut f32) {
+            _mm256_storeu_ps(at, self)
+        }
+        #[inline(always)]
+        unsafe fn store_first(self, at: *mut f32, n: usize) {
+            _mm256_maskstore_ps(at, first_lanes8(n), self)
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+            _mm256_fmadd_ps(a, b, c)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            _mm256_mul_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            _mm256_add_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn max(a: Self, b: Self) -> Self {
+            _mm256_max_ps(a, b)
+        }
+        #[inline(always)]
+        unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+            let stride = stride as i64;
+            let low_offsets = _mm256_setr_epi64x(0, stride, 2 * stride, 3 * stride);
+            let high_offsets = _mm256_setr_epi64x(4 * stride, 5 * stride, 6 * stride, 7 * stride);
+            let real = _mm256_castsi256_ps(first_lanes8(n));
+            let low = _mm256_mask_i64gather_ps::<4>(
+                _mm_setzero_ps(),
+                base,
+                low_offsets,
+                _mm256_castps256_ps128(real),
+            );
+            let high = _mm256_mask_i64gather_ps::<4>(
+                _mm_setzero_ps(),
+                base,
+                high_offsets,
+                _mm256_extractf128_ps::<1>(real),
+            );
+            _mm256_set_m128(high, low)
+        }
+        #[inline(always)]
+        unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+            let lane = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+            let shown = _mm256_cmp_ps::<_CMP_GE_OQ>(lane, _mm256_set1_ps(first_shown));
+            _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, shown)
+        }
+        #[inline(always)]
+        unsafe fn shift_of(max: Self) -> Self {
+            let seen = _mm256_cmp_ps::<_CMP_NEQ_UQ>(max, _mm256_set1_ps(f32::NEG_INFINITY));
+            let shift = _mm256_mul_ps(max, _mm256_set1_ps(std::f32::consts::LOG2_E));
+            _mm256_and_ps(shift, seen)
+        }
+        #[inline(always)]
+        unsafe fn exp_shifted(s: Self, shift: Self) -> Self {
+            let y = _mm256_fmsub_ps(s, _mm256_set1_ps(std::f32::consts::LOG2_E), shift);
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            let p = exp2_fraction(_mm256_sub_ps(y, n));
+            // 2^n from its exponent bits: n is at least -125 where kept (a normal
+            // float); the other lanes (-inf, far below) are zeroed, NaN stays NaN in p.
+            let power = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(-125.0));
+            _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(power)), keep)
+        }
+    }
+
+    /// All-ones in 32-bit lanes `0..n` of 8.
+    #[inline(always)]
+    fn first_lanes8(n: usize) -> __m256i {
+        // SAFETY: register work; AVX is part of every caller's instruction set.
+        unsafe {
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lane)
+        }
+    }
+
+    /// The running max and sum of one vector of query rows, one per lane.
+    #[derive(Clone, Copy)]
+    struct RowState<V> {
+        max: V,
+        sum: V,
+    }
+
+    /// The fused block with its 48 query rows in vector lanes: scores as register tiles of
+    /// `KEYS` keys x `VECS` vectors of rows (the keys read as rows, not transposed), the
+    /// online softmax one vector of rows at a time (no horizontal reductions, no branches
+    /// on the data), the weighted sums as register tiles of `COLS` value columns x `VECS`
+    /// vectors of rows (the values broadcast, the weights read as vectors), turned back
+    /// into rows once per block.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn block_lanes<V: Vector, const KEYS: usize, const VECS: usize, const COLS: usize>(
+        a: BlockArgs,
+    ) {
+        let BlockArgs {
+            q,
+            k,
+            v,
+            rows,
+            s,
+            causal,
+            bias,
+            out,
+            lse,
+            ..
+        } = a;
+        let n_rows = rows.len();
+        let d = s.d;
+        // Rows per tile pass (48 or 24), vectors of rows per block (3 or 6).
+        let pass = VECS * V::LANES;
+        let vectors = BLOCK_M / V::LANES;
+        assert!(BLOCK_M.is_multiple_of(pass) && vectors <= 6 && BLOCK_N.is_multiple_of(KEYS));
+        // The block's queries transposed, `qt[x][r]`, rows past the block zero.
+        // SAFETY: under `V`'s instruction set (the caller's).
+        let qt_lines = unsafe { transpose_queries::<V>(q, d, n_rows) };
+        let qt: &[f32] = bytemuck::cast_slice(&qt_lines);
+        // Scores, then weights, of the key block: `st[c][r]`.
+        let mut st_lines = [[Line::ZERO; BLOCK_M / 16]; BLOCK_N];
+        let st: &mut [[f32; BLOCK_M]] = bytemuck::cast_slice_mut(&mut st_lines);
+        // SAFETY: register work under `V`'s instruction set.
+        let mut states = unsafe {
+            [RowState {
+                max: V::splat(f32::NEG_INFINITY),
+                sum: V::splat(0.0),
+            }; 6]
+        };
+        let mut alpha = [1f32; BLOCK_M];
+        // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
+        let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
+        let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
+        let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+        for kb in (0..k_end).step_by(BLOCK_N) {
+            let keys = BLOCK_N.min(k_end - kb);
+            // While the scores are formed, the block's values are fetched into L2, and the
+            // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
+            let block_values = &v[kb * s.dv..(kb + keys) * s.dv];
+            let next_keys = &k[(kb + keys) * d..k_end.min(kb + keys + BLOCK_N) * d];
+            let mut tiles = 0;
+            for r0 in (0..n_rows).step_by(pass) {
+                for c0 in (0..keys).step_by(KEYS) {
+                    // Past the last key, repeat it (those scores are never read).
+                    let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1) * d);
+                    let ahead = piece(block_values, tiles, 16 * d);
+                    tiles += 1;
+                    // SAFETY: under `V`'s instruction set (the caller's).
+                    unsafe { scores::<V, KEYS, VECS>(qt, r0, d, k, key_at, &mut st[c0..], ahead) };
+                }
+            }
+            for (j, state) in states[..vectors].iter_mut().enumerate() {
+                let row0 = rows.start + V::LANES * j;
+                if row0 >= rows.end {
+                    break;
+                }
+                let lanes = Lanes {
+                    first: V::LANES * j,
+                    row0,
+                    real: (rows.end - row0).min(V::LANES),
+                    kb,
+                    causal: causal && kb + keys > row0 + 1,
+                    bias,
+                };
+                // SAFETY: under `V`'s instruction set (the caller's).
+                unsafe { softmax(&mut st[..keys], lanes, state, &mut alpha) };
+            }
+            let values = &v[kb * s.dv..];
+            let mut tiles = 0;
+            for r0 in (0..n_rows).step_by(pass) {
+                let mut x0 = 0;
+                while x0 + COLS <= s.dv {
+                    let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
+                    tiles += 1;
+                    // SAFETY: under `V`'s instruction set (the caller's).
+                    unsafe {
+                        weighted::<V, COLS, VECS>(
+                            acc_t, r0, x0, &alpha, st, values, s.dv, keys, ahead,
+                        )
+                    };
+                    x0 += COLS;
+                }
+                for x in x0..s.dv {
+                    // SAFETY: as above.
+                    unsafe {
+                        weighted::<V, 1, VECS>(acc_t, r0, x, &alpha, st, values, s.dv, keys, &[])
+                    };
+                }
+            }
+        }
+        let mut max = [0f32; BLOCK_M];
+        let mut sum = [0f32; BLOCK_M];
+        for (j, state) in states[..vectors].iter().enumerate() {
+            // SAFETY: LANES floats fit at LANES·j of the 48.
+            unsafe {
+                state.max.store(max.as_mut_ptr().add(V::LANES * j));
+                state.sum.store(sum.as_mut_ptr().add(V::LANES * j));
+            }
+        }
+        let acc = &mut out[..n_rows * s.dv];
+        // SAFETY: under `V`'s instruction set (the caller's).
+        unsafe { rows_from_lanes::<V>(acc_t, acc, s.dv, n_rows) };
+        super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
+    }
+
+    /// The block's `n_rows` queries (`q`, rows of `d`) transposed to `qt[x][r]` with
+    /// `BLOCK_M` rows, those past `n_rows` zero: a vector of rows per gather.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn transpose_queries<V: Vector>(q: &[f32], d: usize, n_rows: usize) -> Vec<Line> {
+        assert!(n_rows <= BLOCK_M && q.len() >= n_rows * d);
+        let mut lines = vec![Line::ZERO; d * BLOCK_M / 16];
+        let qt: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
+        for r0 in (0..n_rows).step_by(V::LANES) {
+            let real = (n_rows - r0).min(V::LANES);
+            for x in 0..d {
+                // SAFETY: lane l reads q[(r0 + l)·d + x] for rows below n_rows, inside `q`;
+                // the store fills qt[x][r0..r0 + LANES], inside `qt` (both checked).
+                unsafe {
+                    V::gather(q.as_ptr().add(r0 * d + x), d, real)
+                        .store(qt.as_mut_ptr().add(x * BLOCK_M + r0));
+                }
+            }
+        }
+        lines
+    }
+
+    /// `acc[r][x] = acc_t[x][r]` for the first `n_rows` rows (`dv` columns each), a vector
+    /// of columns per gather.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn rows_from_lanes<V: Vector>(acc_t: &[f32], acc: &mut [f32], dv: usize, n_rows: usize) {
+        assert!(acc_t.len() >= dv * BLOCK_M && acc.len() >= n_rows * dv && n_rows <= BLOCK_M);
+        for x0 in (0..dv).step_by(V::LANES) {
+            let real = (dv - x0).min(V::LANES);
+            for r in 0..n_rows {
+                // SAFETY: lane l reads acc_t[(x0 + l)·48 + r] with x0 + l < dv, inside
+                // `acc_t`; the store writes acc[r][x0..x0 + real], inside `acc` (checked).
+                unsafe {
+                    V::gather(acc_t.as_ptr().add(x0 * BLOCK_M + r), BLOCK_M, real)
+                        .store_first(acc.as_mut_ptr().add(r * dv + x0), real);
+                }
+            }
+        }
+    }
+
+    /// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
+    fn piece(all: &[f32], index: usize, len: usize) -> &[f32] {
+        let start = (index * len).min(all.len());
+        &all[start..(start + len).min(all.len())]
+    }
+
+    /// Scores of `KEYS` keys (rows of `k` starting at `key_at[c]`) against `VECS` vectors of
+    /// the block's queries from row `r0`, held transposed (`qt[x][r]`): `out[c][r]`, in
+    /// registers. Meanwhile asks for `ahead` in L2, a cache line per step.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn scores<V: Vector, const KEYS: usize, const VECS: usize>(
+        qt: &[f32],
+        r0: usize,
+        d: usize,
+        k: &[f32],
+        key_at: [usize; KEYS],
+        out: &mut [[f32; BLOCK_M]],
+        ahead: &[f32],
+    ) {
+        assert!(qt.len() >= d * BLOCK_M && out.len() >= KEYS && r0 + VECS * V::LANES <= BLOCK_M);
+        assert!(key_at.iter().all(|&at| at + d <= k.len()));
+        // SAFETY: every access is within the slices checked above.
+        unsafe {
+            let mut acc = [[V::splat(0.0); VECS]; KEYS];
+            let mut keys = [k.as_ptr(); KEYS];
+            for (key, &at) in keys.iter_mut().zip(&key_at) {
+                *key = k.as_ptr().add(at);
+            }
+            for x in 0..d {
+                if 16 * x < ahead.len() {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * x).cast());
+                }
+                let column = qt.as_ptr().add(x * BLOCK_M + r0);
+                let mut qv = [V::splat(0.0); VECS];
+                for (j, slot) in qv.iter_mut().enumerate() {
+                    *slot = V::load(column.add(V::LANES * j));
+                }
+                for (key, row) in keys.iter().zip(acc.iter_mut()) {
+                    let kx = V::splat(*key.add(x));
+                    for j in 0..VECS {
+                        row[j] = V::fmadd(qv[j], kx, row[j]);
+                    }
+                }
+            }
+            for (c, row) in acc.iter().enumerate() {
+                for (j, &a) in row.iter().enumerate() {
+                    a.store(out[c].as_mut_ptr().add(r0 + V::LANES * j));
+                }
+            }
+        }
+    }
+
+    /// The weighted sums with the block's rows in lanes, for value columns
+    /// `x0..x0 + COLS` and `VECS` vectors of rows from `r0`:
+    /// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c pt[c][r]·v[c][x]` over `keys` value rows
+    /// (`dv` apart), in registers: the weights load as vectors, the values broadcast.
+    /// Meanwhile asks for `ahead` in L2, a cache line per key.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted<V: Vector, const COLS: usize, const VECS: usize>(
+        acc_t: &mut [f32],
+        r0: usize,
+        x0: usize,
+        alpha: &[f32; BLOCK_M],
+        pt: &[[f32; BLOCK_M]],
+        v: &[f32],
+        dv: usize,
+        keys: usize,
+        ahead: &[f32],
+    ) {
+        assert!(acc_t.len() >= (x0 + COLS) * BLOCK_M && keys <= pt.len() && x0 + COLS <= dv);
+        assert!(r0 + VECS * V::LANES <= BLOCK_M);
+        assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + COLS);
+        // SAFETY: every access is within the slices checked above.
+        unsafe {
+            let mut scale = [V::splat(0.0); VECS];
+            for (j, slot) in scale.iter_mut().enumerate() {
+                *slot = V::load(alpha.as_ptr().add(r0 + V::LANES * j));
+            }
+            let mut acc = [[V::splat(0.0); VECS]; COLS];
+            for (w, row) in acc.iter_mut().enumerate() {
+                let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M + r0);
+                for j in 0..VECS {
+                    row[j] = V::mul(V::load(at.add(V::LANES * j)), scale[j]);
+                }
+            }
+            for c in 0..keys {
+                if 16 * c < ahead.len() {
+                    _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
+                }
+                let weights = pt.get_unchecked(c).as_ptr().add(r0);
+                let mut p = [V::splat(0.0); VECS];
+                for (j, slot) in p.iter_mut().enumerate() {
+                    *slot = V::load(weights.add(V::LANES * j));
+                }
+                let values = v.as_ptr().add(c * dv + x0);
+                for (w, row) in acc.iter_mut().enumerate() {
+                    let b = V::splat(*values.add(w));
+                    for j in 0..VECS {
+                        row[j] = V::fmadd(p[j], b, row[j]);
+                    }
+                }
+            }
+            for (w, row) in acc.iter().enumerate() {
+                let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M + r0);
+                for (j, &a) in row.iter().enumerate() {
+                    a.store(at.add(V::LANES * j));
+                }
+            }
+        }
+    }
+
+    /// Which rows a softmax vector holds, and what hides keys from them.
+    #[derive(Clone, Copy)]
+    struct Lanes<'a> {
+        /// The first row's place in the block.
+        first: usize,
+        /// The first row's query index.
+        row0: usize,
+        /// Rows that exist (the others are padding, their lanes never read).
+        real: usize,
+        /// The key block's first key.
+        kb: usize,
+        /// Whether the causal diagonal crosses this key block for these rows.
+        causal: bool,
+        bias: Option<MaskView<'a>>,
+    }
+
+    /// The online softmax of one key block for one vector of query rows, one row per lane:
+    /// `st[c]` holds the scores of key `c` and becomes its weights. Keys after a row's
+    /// diagonal (causal) get weight 0, the mask is added; the factors that rescale the
+    /// rows' earlier sums (0 while a row has seen no key) go to `alpha`.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn softmax<V: Vector>(
+        st: &mut [[f32; BLOCK_M]],
+        lanes: Lanes,
+        state: &mut RowState<V>,
+        alpha: &mut [f32; BLOCK_M],
+    ) {
+        assert!(lanes.first + V::LANES <= BLOCK_M && lanes.real >= 1);
+        // SAFETY: lanes first..first + LANES of each row of `st` and of `alpha` are in
+        // bounds (checked); the mask reads are described at `mask_values`.
+        unsafe {
+            let mut block_max = V::splat(f32::NEG_INFINITY);
+            for (c, key) in st.iter_mut().enumerate() {
+                let at = key.as_mut_ptr().add(lanes.first);
+                let mut x = V::load(at);
+                if let Some(mask) = lanes.bias {
+                    x = V::add(x, mask_values::<V>(mask, lanes, c));
+                }
+                if lanes.causal {
+                    // Key kb + c is visible to row row0 + l when kb + c - row0 <= l (a small
+                    // difference where the diagonal crosses the block: exact as a float).
+                    let first_shown = ((lanes.kb + c) as i64 - lanes.row0 as i64) as f32;
+                    x = V::hide_below(x, first_shown);
+                }
+                if lanes.bias.is_some() || lanes.causal {
+                    x.store(at);
+                }
+                block_max = V::max(block_max, x);
+            }
+            let new_max = V::max(state.max, block_max);
+            // Rows that have seen no key yet keep max -inf: shift them by 0, so that their
+            // weights and factor are 0 instead of NaN.
+            let shift = V::shift_of(new_max);
+            let factor = V::exp_shifted(state.max, shift);
+            state.max = new_max;
+            let mut sum = V::splat(0.0);
+            for key in st.iter_mut() {
+                let at = key.as_mut_ptr().add(lanes.first);
+                let e = V::exp_shifted(V::load(at), shift);
+                e.store(at);
+                sum = V::add(sum, e);
+            }
+            state.sum = V::fmadd(state.sum, factor, sum);
+            factor.store(alpha.as_mut_ptr().add(lanes.first));
+        }
+    }
+
+    /// The mask's values for key `lanes.kb + c` of the vector's rows (0 in padding lanes):
+    /// one broadcast value where the mask does not vary along the rows, else a gather.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn mask_values<V: Vector>(mask: MaskView, lanes: Lanes, c: usize) -> V {
+        let first = mask.base + lanes.row0 * mask.si + (lanes.kb + c) * mask.sj;
+        if mask.si == 0 {
+            // SAFETY: register work.
+            return unsafe { V::splat(mask.values[first]) };
+        }
+        let last = first + (lanes.real - 1) * mask.si;
+        assert!(last < mask.values.len());
+        // SAFETY: the gather reads the elements (row0 + l, kb + c) of the real rows, which
+        // the mask has (checked for the last real row).
+        unsafe { V::gather(mask.values.as_ptr().add(first), mask.si, lanes.real) }
     }
 }
 
@@ -1211,10 +1403,14 @@ fn key_block(kt: &[f32], d: usize, kb: usize) -> &[f32] {
 }
 
 /// Whether the fused block in force reads the keys as rows (`BlockArgs::k`, the AVX-512
-/// kernel) rather than transposed (`BlockArgs::kt`).
+/// and AVX2 kernels) rather than transposed (`BlockArgs::kt`, the portable one).
 fn reads_key_rows() -> bool {
+    use crate::cpu::CpuCapability;
     cfg!(target_arch = "x86_64")
-        && crate::cpu::get_cpu_capability() == crate::cpu::CpuCapability::Avx512
+        && matches!(
+            crate::cpu::get_cpu_capability(),
+            CpuCapability::Avx512 | CpuCapability::Avx2
+        )
 }
 
 /// A cache line of floats: buffers of these start on a 64-byte boundary, so that the
@@ -1287,7 +1483,7 @@ fn run_block(args: BlockArgs) {
 /// The CPU fused path: tiled online softmax over key blocks, threads over
 /// batch x heads x query blocks. Memory beyond the inputs and outputs is, per thread, one
 /// block of queries and scores, and one head's keys and values where they are widened from
-/// 16 bits, transposed or moved onto cache-line boundaries (never an Lq x Lk buffer).
+/// 16 bits or transposed (never an Lq x Lk buffer).
 fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let (q, k, v, o, s, scale, out_shape) = job.parts();
     let (qv, kv, vv) = (Input::of(q)?, Input::of(k)?, Input::of(v)?);

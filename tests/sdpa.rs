@@ -296,7 +296,8 @@ fn an_explicit_mask_with_is_causal_is_refused_as_in_pytorch() {
 }
 
 /// Runs the fused-path tests in a child process whose CPU level is capped at `cap` (the
-/// AVX2 and portable kernels read the keys transposed, the AVX-512 one as rows).
+/// AVX-512 and AVX2 kernels share their code but not their tiles; the portable kernel reads
+/// the keys transposed).
 fn fused_path_at_level(test: &str, cap: &str, shown: &str) {
     if !in_child(test, &[("ATEN_CPU_CAPABILITY", cap)]) {
         return;
