@@ -717,19 +717,19 @@ mod simd {
     #[target_feature(enable = "avx512f,avx512dq,fma")]
     pub(super) unsafe fn block_avx512(a: BlockArgs) {
         // SAFETY: the caller's CPU has what `__m512`'s operations need.
-        unsafe { block_lanes::<__m512, 8, 3, 8>(a) }
+        unsafe { block_lanes::<__m512, 8, 3, 8, 3>(a) }
     }
 
     /// The fused block for AVX2: [`block_lanes`] with 8 rows per vector, score tiles of
-    /// 4 keys x 24 rows and weighted-sum tiles of 4 value columns x 24 rows (12 of the 16
-    /// registers).
+    /// 4 keys x 24 rows and weighted-sum tiles of 6 value columns x 16 rows (12 of the 16
+    /// registers; 4 columns x 24 rows left too few and spilled: 15-27% slower).
     ///
     /// # Safety
     /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn block_avx2(a: BlockArgs) {
         // SAFETY: the caller's CPU has what `__m256`'s operations need.
-        unsafe { block_lanes::<__m256, 4, 3, 4>(a) }
+        unsafe { block_lanes::<__m256, 4, 3, 6, 2>(a) }
     }
 
     /// The vector operations of the fused block, on one register of `LANES` floats. Every
@@ -968,14 +968,20 @@ mod simd {
     /// The fused block with its 48 query rows in vector lanes: scores as register tiles of
     /// `KEYS` keys x `VECS` vectors of rows (the keys read as rows, not transposed), the
     /// online softmax one vector of rows at a time (no horizontal reductions, no branches
-    /// on the data), the weighted sums as register tiles of `COLS` value columns x `VECS`
+    /// on the data), the weighted sums as register tiles of `COLS` value columns x `WVECS`
     /// vectors of rows (the values broadcast, the weights read as vectors), turned back
     /// into rows once per block.
     ///
     /// # Safety
     /// The CPU has `V`'s instruction set.
     #[inline(always)]
-    unsafe fn block_lanes<V: Vector, const KEYS: usize, const VECS: usize, const COLS: usize>(
+    unsafe fn block_lanes<
+        V: Vector,
+        const KEYS: usize,
+        const VECS: usize,
+        const COLS: usize,
+        const WVECS: usize,
+    >(
         a: BlockArgs,
     ) {
         let BlockArgs {
@@ -996,6 +1002,7 @@ mod simd {
         let pass = VECS * V::LANES;
         let vectors = BLOCK_M / V::LANES;
         assert!(BLOCK_M.is_multiple_of(pass) && vectors <= 6 && BLOCK_N.is_multiple_of(KEYS));
+        assert!(BLOCK_M.is_multiple_of(WVECS * V::LANES));
         // The block's queries transposed, `qt[x][r]`, rows past the block zero.
         // SAFETY: under `V`'s instruction set (the caller's).
         let qt_lines = unsafe { transpose_queries::<V>(q, d, n_rows) };
@@ -1050,14 +1057,14 @@ mod simd {
             }
             let values = &v[kb * s.dv..];
             let mut tiles = 0;
-            for r0 in (0..n_rows).step_by(pass) {
+            for r0 in (0..n_rows).step_by(WVECS * V::LANES) {
                 let mut x0 = 0;
                 while x0 + COLS <= s.dv {
                     let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
                     tiles += 1;
                     // SAFETY: under `V`'s instruction set (the caller's).
                     unsafe {
-                        weighted::<V, COLS, VECS>(
+                        weighted::<V, COLS, WVECS>(
                             acc_t, r0, x0, &alpha, st, values, s.dv, keys, ahead,
                         )
                     };
@@ -1066,7 +1073,7 @@ mod simd {
                 for x in x0..s.dv {
                     // SAFETY: as above.
                     unsafe {
-                        weighted::<V, 1, VECS>(acc_t, r0, x, &alpha, st, values, s.dv, keys, &[])
+                        weighted::<V, 1, WVECS>(acc_t, r0, x, &alpha, st, values, s.dv, keys, &[])
                     };
                 }
             }
