@@ -163,7 +163,10 @@ fn parse(equation: &str, shapes: &[&[usize]]) -> Result<Equation> {
                     ),
                 });
             }
-            sizes[l] = if seen[l] { sizes[l].max(size) } else { size };
+            // 1 broadcasts to any size, 0 included.
+            if !seen[l] || sizes[l] == 1 {
+                sizes[l] = size;
+            }
             seen[l] = true;
         }
     }

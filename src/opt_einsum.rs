@@ -3,8 +3,15 @@
 //!
 //! A path is a list of steps in opt_einsum's "linear" form: each step names two positions
 //! in the current operand list; those two leave the list and their contraction is
-//! appended at its end. A step costs, as opt_einsum counts it, the product of the sizes
-//! of every index the two operands hold, twice when an index is summed away.
+//! appended at its end. Paths and costs are opt_einsum 3.4's, since `torch.einsum`
+//! contracts along the path it returns: a step costs the product of the sizes of every
+//! index the two operands hold, twice when an index is summed away; the naive count
+//! (every operand at once) is that product times max(1, operands - 1), plus one more when
+//! an index is held by several operands. The searches (`optimal`, `branch`) reproduce
+//! opt_einsum's, including its heuristics and tie-breaking; a cheaper path than
+//! opt_einsum's would be a different answer.
+
+use std::collections::HashMap;
 
 use crate::flag::{Flag, FlagGuard, Guard, ScopedGuard, option_enum};
 
@@ -99,30 +106,34 @@ impl Problem<'_> {
         bits(set).map(|i| self.sizes[i] as u128).product()
     }
 
-    /// opt_einsum's count: the product of every involved index's size, times
-    /// max(1, terms - 1), plus one more such product when an index is summed away.
-    fn flops(&self, involved: Indices, result: Indices, terms: usize) -> u128 {
-        let inner = u128::from(involved & !result != 0);
-        self.size(involved) * ((terms.max(2) - 1) as u128 + inner)
+    /// opt_einsum's `flop_count`: the product of every involved index's size, times
+    /// max(1, terms - 1), plus one more such product when the step is an inner product.
+    fn flops(&self, involved: Indices, inner: bool, terms: usize) -> u128 {
+        self.size(involved)
+            .saturating_mul((terms.max(2) - 1) as u128 + u128::from(inner))
     }
 
-    /// The result and cost of contracting `a` and `b` while `others` remain.
+    /// The result and reported cost of contracting `a` and `b` while `others` remain: an
+    /// inner product when any index is summed away (opt_einsum's `contract_path`).
     fn step(&self, a: Indices, b: Indices, others: Indices) -> (Indices, u128) {
         let involved = a | b;
         let result = involved & (self.output | others);
-        (result, self.flops(involved, result, 2))
+        (result, self.flops(involved, involved != result, 2))
     }
 
     /// Plans the contraction with `strategy` (left to right when `optimize` is false).
     pub fn plan(&self, optimize: bool, strategy: Strategy) -> ContractionPath {
         let n = self.inputs.len();
         let all = self.inputs.iter().fold(0, |acc, &s| acc | s);
-        let naive_flops = self.flops(all, self.output, n);
+        // An inner product, for the naive count, is an index that several operands hold.
+        let held: u32 = self.inputs.iter().map(|s| s.count_ones()).sum();
+        let naive_flops = self.flops(all, held > all.count_ones(), n);
         if n < 2 {
+            let input = self.inputs.first().copied().unwrap_or(0);
             return ContractionPath {
                 path: vec![vec![0]],
                 naive_flops,
-                optimized_flops: naive_flops,
+                optimized_flops: self.flops(input, input & !self.output != 0, 1),
                 largest_intermediate: self.size(self.output),
             };
         }
@@ -130,19 +141,21 @@ impl Problem<'_> {
             (0..n - 1)
                 .map(|step| if step == 0 { (0, 1) } else { (0, n - 1 - step) })
                 .collect()
+        } else if n == 2 {
+            vec![(0, 1)]
         } else {
-            let branches = match strategy {
-                Strategy::Optimal => Search::Exhaustive,
-                Strategy::Greedy => Search::Greedy,
+            let search = Search::new(self);
+            match strategy {
+                Strategy::Optimal => search.optimal(),
+                Strategy::Greedy => self.greedy(),
                 Strategy::Auto => match n {
-                    ..=4 => Search::Exhaustive,
-                    5..=6 => Search::Branch(usize::MAX),
-                    7..=8 => Search::Branch(2),
-                    9..=14 => Search::Branch(1),
-                    _ => Search::Greedy,
+                    ..=4 => search.optimal(),
+                    5..=6 => search.branch(usize::MAX),
+                    7..=8 => search.branch(2),
+                    9..=14 => search.branch(1),
+                    _ => self.greedy(),
                 },
-            };
-            self.search(branches)
+            }
         };
         let (optimized_flops, largest_intermediate) = self.cost(&pairs);
         ContractionPath {
@@ -156,136 +169,425 @@ impl Problem<'_> {
     /// The total cost and largest result along `pairs`.
     fn cost(&self, pairs: &[(usize, usize)]) -> (u128, u128) {
         let mut ops = self.inputs.to_vec();
-        let (mut total, mut largest) = (0, 0);
+        let (mut total, mut largest) = (0u128, 0);
         for &(i, j) in pairs {
             let (a, b) = (ops[i], ops[j]);
             ops.remove(j);
             ops.remove(i);
             let others = ops.iter().fold(0, |acc, &s| acc | s);
             let (result, flops) = self.step(a, b, others);
-            total += flops;
+            total = total.saturating_add(flops);
             largest = largest.max(self.size(result));
             ops.push(result);
         }
         (total, largest)
     }
 
-    /// Every pair of `ops` with its result, cost and greedy score (the size the step
-    /// adds, `|result| - |a| - |b|`), best score first; pairs sharing no index only when
-    /// no pair shares one, unless `outer` asks for them too.
-    fn candidates(&self, ops: &[Indices], outer: bool) -> Vec<Candidate> {
-        let mut found = Vec::new();
-        for i in 0..ops.len() {
-            for j in i + 1..ops.len() {
-                let others = ops
-                    .iter()
-                    .enumerate()
-                    .filter(|&(x, _)| x != i && x != j)
-                    .fold(0, |acc, (_, &s)| acc | s);
-                let (result, flops) = self.step(ops[i], ops[j], others);
-                let score = self.size(result) as i128
-                    - self.size(ops[i]) as i128
-                    - self.size(ops[j]) as i128;
-                found.push(Candidate {
-                    pair: (i, j),
-                    result,
-                    flops,
-                    score,
-                    shares: ops[i] & ops[j] != 0,
-                });
-            }
+    /// Cheapest pair first by the size a step adds (`|result| - |a| - |b|`), pairs that
+    /// share an index before outer products; no backtracking.
+    fn greedy(&self) -> Vec<(usize, usize)> {
+        let mut ops = self.inputs.to_vec();
+        let mut path = Vec::new();
+        while ops.len() > 1 {
+            let pairs = (0..ops.len()).flat_map(|i| (i + 1..ops.len()).map(move |j| (i, j)));
+            let (_, (i, j), result) = pairs
+                .map(|(i, j)| {
+                    let others = ops
+                        .iter()
+                        .enumerate()
+                        .filter(|&(x, _)| x != i && x != j)
+                        .fold(0, |acc, (_, &s)| acc | s);
+                    let (result, flops) = self.step(ops[i], ops[j], others);
+                    let added = self.size(result) as i128
+                        - self.size(ops[i]) as i128
+                        - self.size(ops[j]) as i128;
+                    ((ops[i] & ops[j] == 0, added, flops), (i, j), result)
+                })
+                .min_by_key(|&(key, pair, _)| (key, pair))
+                .expect("two or more operands");
+            ops.remove(j);
+            ops.remove(i);
+            ops.push(result);
+            path.push((i, j));
         }
-        if !outer && found.iter().any(|c| c.shares) {
-            found.retain(|c| c.shares);
+        path
+    }
+}
+
+/// opt_einsum 3.4's depth-first searches (`optimal`, and `branch` with its heuristic
+/// pruning), reproduced step for step so that `auto` returns the same path as
+/// `torch.einsum` contracts along. Operands get static single-assignment ids: the inputs
+/// are 0..n, each contraction's result the next id.
+struct Search<'p, 'a> {
+    problem: &'p Problem<'a>,
+    /// Every operand made so far, by id.
+    ops: Vec<Indices>,
+    /// Step results by the pair of index sets contracted, as opt_einsum caches them:
+    /// computed in the first context a pair is met in, and reused in every other.
+    results: HashMap<(Indices, Indices), (Indices, u128)>,
+    best_flops: u128,
+    best_size: u128,
+    best_path: Vec<(usize, usize)>,
+    /// `branch`: the lowest cost seen at each depth (by the number of ids made).
+    progress: HashMap<usize, u128>,
+}
+
+/// One step `branch` may take: heuristic cost, the step's cost, the totals after it, the
+/// pair, and the result, ordered as opt_einsum's heap orders them.
+type Candidate = (i128, u128, u128, u128, (usize, usize), Indices);
+
+/// How much worse than the best at the same depth a `branch` path may be and still go on.
+const CUTOFF_FLOPS_FACTOR: u128 = 4;
+
+impl<'p, 'a> Search<'p, 'a> {
+    fn new(problem: &'p Problem<'a>) -> Self {
+        Search {
+            problem,
+            ops: problem.inputs.to_vec(),
+            results: HashMap::new(),
+            best_flops: u128::MAX,
+            best_size: u128::MAX,
+            best_path: Vec::new(),
+            progress: HashMap::new(),
         }
-        found.sort_by_key(|c| (c.score, c.flops, c.pair));
+    }
+
+    /// The result and search cost of contracting ids `i` and `j` while `remaining` stay:
+    /// an inner product only when an index both hold is summed away (opt_einsum's
+    /// `calc_k12_flops`).
+    fn result(&mut self, i: usize, j: usize, remaining: &[usize]) -> (Indices, u128) {
+        let (a, b) = (self.ops[i], self.ops[j]);
+        if let Some(&hit) = self.results.get(&(a, b)) {
+            return hit;
+        }
+        let keep = remaining
+            .iter()
+            .filter(|&&r| r != i && r != j)
+            .fold(self.problem.output, |acc, &r| acc | self.ops[r]);
+        let either = a | b;
+        let found = (
+            either & keep,
+            self.problem.flops(either, a & b & !keep != 0, 2),
+        );
+        self.results.insert((a, b), found);
         found
     }
 
-    fn search(&self, how: Search) -> Vec<(usize, usize)> {
-        if how == Search::Greedy {
-            let mut ops = self.inputs.to_vec();
-            let mut path = Vec::new();
-            while ops.len() > 1 {
-                let best = self.candidates(&ops, false).swap_remove(0);
-                let (i, j) = best.pair;
-                ops.remove(j);
-                ops.remove(i);
-                ops.push(best.result);
-                path.push(best.pair);
+    /// The pairs of `remaining` in the order `itertools.combinations` gives them over
+    /// opt_einsum's id set, smaller id first in each.
+    fn pairs(remaining: &[usize]) -> Vec<(usize, usize)> {
+        let mut pairs = Vec::new();
+        for (x, &a) in remaining.iter().enumerate() {
+            for &b in &remaining[x + 1..] {
+                pairs.push((a.min(b), a.max(b)));
             }
-            return path;
         }
-        let mut best = Best {
-            flops: u128::MAX,
-            path: Vec::new(),
-        };
-        self.branch(self.inputs.to_vec(), 0, &mut Vec::new(), how, &mut best);
-        best.path
+        pairs
     }
 
-    /// Depth-first over the candidate steps (all of them, or the `n` best by greedy
-    /// score), pruning every branch whose cost already reaches the best complete path's.
-    fn branch(
-        &self,
-        ops: Vec<Indices>,
-        flops: u128,
-        path: &mut Vec<(usize, usize)>,
-        how: Search,
-        best: &mut Best,
-    ) {
-        if ops.len() == 1 {
-            if flops < best.flops {
-                *best = Best {
-                    flops,
-                    path: path.clone(),
-                };
-            }
+    /// The linear path of the best SSA path.
+    fn linear(&self) -> Vec<(usize, usize)> {
+        let mut ids: Vec<usize> = (0..self.problem.inputs.len()).collect();
+        let mut next = ids.len();
+        self.best_path
+            .iter()
+            .map(|&(a, b)| {
+                let position = |id| ids.iter().position(|&x| x == id).expect("live id");
+                let (x, y) = (position(a).min(position(b)), position(a).max(position(b)));
+                ids.remove(y);
+                ids.remove(x);
+                ids.push(next);
+                next += 1;
+                (x, y)
+            })
+            .collect()
+    }
+
+    /// Every pair at every step, pruned by the best complete path's cost.
+    fn optimal(mut self) -> Vec<(usize, usize)> {
+        let remaining = IdSet::range(self.ops.len());
+        self.optimal_from(&remaining, 0, &mut Vec::new());
+        self.linear()
+    }
+
+    fn optimal_from(&mut self, remaining: &IdSet, flops: u128, path: &mut Vec<(usize, usize)>) {
+        let ids = remaining.ids();
+        if ids.len() == 1 {
+            self.best_flops = flops;
+            self.best_path = path.clone();
             return;
         }
-        let limit = match how {
-            Search::Branch(n) => n,
-            _ => usize::MAX,
-        };
-        let candidates = self.candidates(&ops, how == Search::Exhaustive);
-        for c in candidates.into_iter().take(limit) {
-            let total = flops + c.flops;
-            if total >= best.flops {
+        for (i, j) in Self::pairs(&ids) {
+            let (result, step) = self.result(i, j, &ids);
+            let total = flops.saturating_add(step);
+            if total >= self.best_flops {
                 continue;
             }
-            let (i, j) = c.pair;
-            let mut next = ops.clone();
-            next.remove(j);
-            next.remove(i);
-            next.push(c.result);
-            path.push(c.pair);
-            self.branch(next, total, path, how, best);
+            let id = self.ops.len();
+            self.ops.push(result);
+            let next = remaining.without(i, j).with(id);
+            path.push((i, j));
+            self.optimal_from(&next, total, path);
             path.pop();
+            self.ops.pop();
         }
     }
+
+    /// opt_einsum's `branch`: at each step the `nbranch` best pairs by the size they add
+    /// (outer products only when no other pair is left), pruned by the best complete path
+    /// (flops, then largest intermediate) and by the best cost seen at the same depth.
+    fn branch(mut self, nbranch: usize) -> Vec<(usize, usize)> {
+        let remaining = IdSet::range(self.ops.len());
+        self.branch_from(&remaining, 0, 0, &mut Vec::new(), nbranch);
+        self.linear()
+    }
+
+    fn branch_from(
+        &mut self,
+        remaining: &IdSet,
+        flops: u128,
+        size: u128,
+        path: &mut Vec<(usize, usize)>,
+        nbranch: usize,
+    ) {
+        let ids = remaining.ids();
+        if ids.len() == 1 {
+            (self.best_flops, self.best_size) = (flops, size);
+            self.best_path = path.clone();
+            return;
+        }
+        let mut candidates: Vec<Candidate> = Vec::new();
+        for outer in [false, true] {
+            if outer && !candidates.is_empty() {
+                break;
+            }
+            for (i, j) in Self::pairs(&ids) {
+                if !outer && self.ops[i] & self.ops[j] == 0 {
+                    continue;
+                }
+                candidates.extend(self.assess(i, j, &ids, flops, size));
+            }
+        }
+        candidates.sort();
+        for (_, _, total, largest, (i, j), result) in candidates.into_iter().take(nbranch) {
+            let id = self.ops.len();
+            self.ops.push(result);
+            let next = remaining.without(i, j).with(id);
+            path.push((i, j));
+            self.branch_from(&next, total, largest, path, nbranch);
+            path.pop();
+            self.ops.pop();
+        }
+    }
+
+    fn assess(
+        &mut self,
+        i: usize,
+        j: usize,
+        remaining: &[usize],
+        flops: u128,
+        size: u128,
+    ) -> Option<Candidate> {
+        let (result, step) = self.result(i, j, remaining);
+        let result_size = self.problem.size(result);
+        let total = flops.saturating_add(step);
+        let largest = size.max(result_size);
+        if (total, largest) >= (self.best_flops, self.best_size) {
+            return None;
+        }
+        let depth = self.ops.len();
+        let best_here = self.progress.entry(depth).or_insert(u128::MAX);
+        if total < *best_here {
+            *best_here = total;
+        } else if total > best_here.saturating_mul(CUTOFF_FLOPS_FACTOR) {
+            return None;
+        }
+        let added = result_size as i128
+            - self.problem.size(self.ops[i]) as i128
+            - self.problem.size(self.ops[j]) as i128;
+        Some((added, step, total, largest, (i, j), result))
+    }
+}
+
+/// A set of operand ids laid out as CPython's `set` lays out small ints (their hash is
+/// their value): open addressing over a power-of-two table, linear probes then perturbed
+/// jumps, resizing at 3/5 full. opt_einsum walks its sets of remaining operands in table
+/// order, and its branch search prunes by what it saw first, so the order decides paths.
+#[derive(Clone, Debug)]
+struct IdSet {
+    table: Vec<Slot>,
+    /// Slots ever used (ids and dummies).
+    fill: usize,
+    /// Ids held.
+    used: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Search {
-    /// Every pair at every step, outer products included.
-    Exhaustive,
-    /// The `n` best pairs by greedy score at every step.
-    Branch(usize),
-    /// The best pair by greedy score, no backtracking.
-    Greedy,
+enum Slot {
+    Empty,
+    /// A discarded id's slot.
+    Dummy,
+    Id(usize),
 }
 
-struct Candidate {
-    pair: (usize, usize),
-    result: Indices,
-    flops: u128,
-    score: i128,
-    shares: bool,
-}
+/// CPython's `LINEAR_PROBES`, `PERTURB_SHIFT` and `PySet_MINSIZE`.
+const LINEAR_PROBES: usize = 9;
+const PERTURB_SHIFT: u32 = 5;
+const SET_MIN_SIZE: usize = 8;
 
-struct Best {
-    flops: u128,
-    path: Vec<(usize, usize)>,
+impl IdSet {
+    fn empty() -> IdSet {
+        IdSet {
+            table: vec![Slot::Empty; SET_MIN_SIZE],
+            fill: 0,
+            used: 0,
+        }
+    }
+
+    /// `set(range(n))`.
+    fn range(n: usize) -> IdSet {
+        let mut set = IdSet::empty();
+        (0..n).for_each(|id| set.add(id));
+        set
+    }
+
+    fn mask(&self) -> usize {
+        self.table.len() - 1
+    }
+
+    /// The ids in iteration order.
+    fn ids(&self) -> Vec<usize> {
+        self.table
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Id(id) => Some(*id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The probe sequence from `id`'s home slot: each start, then its linear probes.
+    fn probe(mask: usize, id: usize, mut visit: impl FnMut(usize) -> bool) {
+        let (mut i, mut perturb) = (id & mask, id);
+        loop {
+            let probes = if i + LINEAR_PROBES <= mask {
+                LINEAR_PROBES
+            } else {
+                0
+            };
+            for slot in i..=i + probes {
+                if visit(slot) {
+                    return;
+                }
+            }
+            perturb >>= PERTURB_SHIFT;
+            i = (i * 5 + 1 + perturb) & mask;
+        }
+    }
+
+    /// `set_insert_clean`: into the first empty slot (no dummies, no duplicates).
+    fn insert_clean(table: &mut [Slot], id: usize) {
+        let mask = table.len() - 1;
+        Self::probe(mask, id, |slot| {
+            let empty = table[slot] == Slot::Empty;
+            if empty {
+                table[slot] = Slot::Id(id);
+            }
+            empty
+        });
+    }
+
+    /// `set_table_resize`: the smallest table above `min_used`, ids reinserted in order.
+    fn resize(&mut self, min_used: usize) {
+        let mut size = SET_MIN_SIZE;
+        while size <= min_used {
+            size <<= 1;
+        }
+        let old = std::mem::replace(&mut self.table, vec![Slot::Empty; size]);
+        for slot in old {
+            if let Slot::Id(id) = slot {
+                Self::insert_clean(&mut self.table, id);
+            }
+        }
+        self.fill = self.used;
+    }
+
+    /// `set_add_entry`.
+    fn add(&mut self, id: usize) {
+        let mut found = None;
+        Self::probe(self.mask(), id, |slot| match self.table[slot] {
+            Slot::Empty => {
+                found = Some(slot);
+                true
+            }
+            Slot::Id(x) => x == id,
+            Slot::Dummy => false,
+        });
+        let Some(slot) = found else { return };
+        self.table[slot] = Slot::Id(id);
+        self.fill += 1;
+        self.used += 1;
+        if self.fill * 5 >= self.mask() * 3 {
+            self.resize(self.used * 4);
+        }
+    }
+
+    /// `set_merge` into a new set: `set.copy()`.
+    fn copy(&self) -> IdSet {
+        let mut copy = IdSet::empty();
+        if self.used == 0 {
+            return copy;
+        }
+        if self.used * 5 >= copy.mask() * 3 {
+            copy.resize(self.used * 2);
+        }
+        if copy.table.len() == self.table.len() && self.fill == self.used {
+            copy.table.clone_from(&self.table);
+        } else {
+            for id in self.ids() {
+                Self::insert_clean(&mut copy.table, id);
+            }
+        }
+        (copy.fill, copy.used) = (self.used, self.used);
+        copy
+    }
+
+    /// `self - {i, j}` (`set_difference`, or `set_copy_and_difference` for a large set).
+    fn without(&self, i: usize, j: usize) -> IdSet {
+        if self.used >> 2 > 2 {
+            let mut result = self.copy();
+            let mut pair = IdSet::empty();
+            pair.add(i);
+            pair.add(j);
+            for id in pair.ids() {
+                if let Some(slot) = result.table.iter().position(|&s| s == Slot::Id(id)) {
+                    result.table[slot] = Slot::Dummy;
+                    result.used -= 1;
+                }
+            }
+            if result.fill - result.used > result.mask() / 4 {
+                result.resize(result.used * 4);
+            }
+            return result;
+        }
+        let mut result = IdSet::empty();
+        for id in self.ids() {
+            if id != i && id != j {
+                result.add(id);
+            }
+        }
+        result
+    }
+
+    /// `self | {id}` (`set_or`: a copy, then `set_merge` of the one-id set).
+    fn with(&self, id: usize) -> IdSet {
+        let mut result = self.copy();
+        if (result.fill + 1) * 5 >= result.mask() * 3 {
+            result.resize((result.used + 1) * 2);
+        }
+        result.add(id);
+        result
+    }
 }
 
 /// The set bits of `set`, lowest first.
