@@ -3,6 +3,20 @@
 //! Kernels ask [`deterministic_required`], which is on when this switch or
 //! [`crate::cudnn::deterministic`] is on; then no kernel may use a reduction whose
 //! order depends on timing (atomics, racing split-K partials).
+//!
+//! Which kernels are deterministic (bit-identical run to run for the same inputs, flags,
+//! device and thread count):
+//! - CPU: GEMM, attention (fused and math), einsum, FFT, MHA: every sum runs in an order
+//!   fixed by the shapes and the thread count, never by timing.
+//! - wgpu: the generated GEMM and attention kernels use no atomics.
+//! - CUDA generated kernels: GEMM (split-K partials are summed by a separate kernel in a
+//!   fixed order), flash and memory-efficient attention forward (no atomics).
+//! - cuBLAS / cuBLASLt and cuFFT: deterministic on the one stream this library uses.
+//! - cuDNN attention: **not** deterministic (as PyTorch says). SDPA selection consults
+//!   [`deterministic_required`]: it refuses cuDNN attention with
+//!   [`crate::attention::Reason::Nondeterministic`], or under `warn_only` lets it run with a
+//!   warning (`crate::attention::runtime_disabled`).
+//! - Dropout draws are a pure function of (seed, offset, element index) on every device.
 
 use crate::flag::Flag;
 

@@ -250,6 +250,15 @@ impl Default for PlanCache {
     }
 }
 
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanCache")
+            .field("size", &self.size())
+            .field("max_size", &self.max_size())
+            .finish()
+    }
+}
+
 impl PlanCache {
     /// An empty cache holding at most [`DEFAULT_MAX_SIZE`] plans.
     pub fn new() -> PlanCache {
@@ -343,7 +352,8 @@ fn fft_error(op: &'static str, detail: String) -> Error {
     Error::ShapeMismatch { op, detail }
 }
 
-/// Checks that `x` is a float complex tensor stored as `[..., n (x dims), 2]`.
+/// Checks that `x` is a float complex tensor stored as `[..., n (x dims), 2]`, with no
+/// transformed dimension of length 0.
 fn check_complex(op: &'static str, x: &Tensor, dims: usize) -> Result<()> {
     let s = x.shape();
     if s.len() < dims + 1 || s[s.len() - 1] != 2 {
@@ -355,7 +365,22 @@ fn check_complex(op: &'static str, x: &Tensor, dims: usize) -> Result<()> {
             ),
         ));
     }
+    check_lengths(op, &s[s.len() - 1 - dims..s.len() - 1])?;
     float(op, x)
+}
+
+/// PyTorch's error for a transform over a dimension of length 0.
+fn check_lengths(op: &'static str, lengths: &[usize]) -> Result<()> {
+    if lengths.contains(&0) {
+        return Err(fft_error(
+            op,
+            format!(
+                "Invalid number of data points (0) specified: the transformed dimensions {lengths:?} \
+                 must each hold at least one point"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Complex values of a `[..., 2]` tensor.
@@ -570,12 +595,13 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
             "a 0-D tensor has no dimension to transform".into(),
         ));
     };
+    check_lengths("rfft", &[n])?;
     match place {
         Place::Host => {}
         #[cfg(feature = "cuda")]
         Place::Cuda(ordinal) => {
             let mut out_shape = x.shape().to_vec();
-            *out_shape.last_mut().expect("rank checked") = if n == 0 { 0 } else { n / 2 + 1 };
+            *out_shape.last_mut().expect("rank checked") = n / 2 + 1;
             out_shape.push(2);
             let io = (vec![n], out_shape);
             return on_cuda("rfft", ordinal, x, Direction::RealForward, io, None);
@@ -585,11 +611,11 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
     transform(x, &mut values, x.shape(), 1, Direction::RealForward)?;
     let half = n / 2 + 1;
     let kept: Vec<C> = values
-        .chunks(n.max(1))
+        .chunks(n)
         .flat_map(|line| line[..half.min(line.len())].to_vec())
         .collect();
     let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rank checked") = if n == 0 { 0 } else { half };
+    *shape.last_mut().expect("rank checked") = half;
     shape.push(2);
     to_tensor(&kept, &shape, x)
 }
@@ -608,9 +634,9 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
             format!("the output length is 0 (half-spectrum of {m}); pass n ≥ 1"),
         ));
     }
-    let lines = values.len() / m.max(1);
+    let lines = values.len() / m;
     let mut full = vec![C::default(); lines * n];
-    for (line, spectrum) in full.chunks_mut(n).zip(values.chunks(m.max(1))) {
+    for (line, spectrum) in full.chunks_mut(n).zip(values.chunks(m)) {
         for (k, slot) in line.iter_mut().enumerate() {
             // Hermitian: X[n - k] = conj(X[k]); coefficients past the half-spectrum are 0.
             let (source, mirrored) = if k <= n / 2 {

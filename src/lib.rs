@@ -46,6 +46,7 @@ pub mod einsum;
 mod error;
 pub mod fft;
 pub mod flag;
+pub mod generator;
 mod gpu;
 pub mod info;
 pub mod kernels;
@@ -77,6 +78,7 @@ pub use dtype::DType;
 pub use einsum::{einsum, einsum_path};
 pub use error::{Error, Result};
 pub use flag::{Flag, FlagSource, Guard, ScopedGuard};
+pub use generator::{Generator, initial_seed, manual_seed};
 pub use matmul::{EMULATE_REDUCED_PRECISION, matmul};
 pub use precision::{
     FP32_PRECISION, Float32MatmulPrecision, Fp32Precision, float32_matmul_precision,

@@ -238,7 +238,7 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
             attn_mask: t.get(3),
             dropout_p: q.dropout,
             is_causal: q.causal,
-            seed: 7,
+            generator: Some(&backends::Generator::new(7)),
             ..SdpaOptions::default()
         };
         sdpa(&t[0], &t[1], &t[2], &options)

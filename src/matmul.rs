@@ -112,7 +112,8 @@ fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
             ),
         });
     }
-    let batch = ba.max(bb);
+    // 1 broadcasts to any batch size, 0 included.
+    let batch = if ba == 1 { bb } else { ba };
     let strides = |t: &Tensor, r: usize, own: usize| {
         let s = t.strides();
         [if r == 3 && own > 1 { s[0] } else { 0 }, s[r - 2], s[r - 1]]

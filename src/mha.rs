@@ -9,6 +9,11 @@
 //! masking, softmax and weighted sum (returning the head-averaged weights when asked).
 //! Both give the same result within rounding; the trace line (`mha_fast_path` or
 //! `mha_composed`) says which ran.
+//!
+//! A query that sees no key (a fully padded batch entry) attends to nothing: its attended
+//! values are 0 and its output the output projection's bias, as PyTorch gives without
+//! weights. With `need_weights`, PyTorch's explicit softmax makes such rows NaN, weights and
+//! output alike, and so does this.
 
 use crate::flag::Flag;
 use crate::trace::{self, Call};
@@ -418,7 +423,16 @@ fn composed(
                 *x * scale
             };
         }
-        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let max = row.iter().fold(
+            f64::NEG_INFINITY,
+            |m, &x| if x > m || x.is_nan() { x } else { m },
+        );
+        if max == f64::NEG_INFINITY && !options.need_weights {
+            // No visible key: 0, as SDPA's safe softmax gives (PyTorch's path without
+            // weights); with weights PyTorch's plain softmax gives NaN, and so does this.
+            row.fill(0.0);
+            continue;
+        }
         let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
         for x in row.iter_mut() {
             *x = (*x - max).exp() / sum;

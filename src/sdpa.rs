@@ -11,9 +11,10 @@
 //!   through its backend graph API, with plans cached per shape (`sdpa/cudnn.rs`).
 //! - Math on wgpu and CUDA runs the reference on the host (the trace says so).
 //!
-//! A query row that sees no key (fully masked, or causal with no key before it) gives NaN
-//! on the math path, as PyTorch's math does; the fused kernels give 0 for it, with a
-//! log-sum-exp of -inf.
+//! A query row that sees no key (fully masked, or causal with no key before it) gives 0 on
+//! every backend and device, as PyTorch 2.15 does (its math path uses a safe softmax), with
+//! a log-sum-exp of -inf where the backend returns one. A NaN in the inputs makes its rows
+//! NaN, log-sum-exp NaN too, on every path and CPU level.
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -27,6 +28,7 @@ use half::{bf16, f16};
 use crate::attention::{self, SdpBackend};
 use crate::cpu::mul_add;
 use crate::cuda::{SDPAParams, TensorMeta};
+use crate::generator::{Draw, Generator, default_generator};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::tensor::{Storage, Tensor, host_zeros, narrow};
 use crate::trace::{self, Call};
@@ -36,8 +38,9 @@ use crate::{DType, Device, Error, Result};
 const OP_CPU: &str = "scaled_dot_product_attention on the CPU";
 
 /// The options of one attention call beyond q, k and v. The default has no mask, no
-/// dropout, the default scale, no GQA, seed 0, and `is_causal` false (true inside a
-/// `#[sdpa_kernel(causal)]` function: see [`attention::causal_default`]).
+/// dropout, the default scale, no GQA, the device's default generator, and `is_causal`
+/// false (true inside a `#[sdpa_kernel(causal)]` function: see
+/// [`attention::causal_default`]).
 #[derive(Clone, Copy, Debug)]
 pub struct SdpaOptions<'a> {
     /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`; not
@@ -51,8 +54,12 @@ pub struct SdpaOptions<'a> {
     pub scale: Option<f64>,
     /// Grouped-query attention: key/value heads shared by groups of query heads.
     pub enable_gqa: bool,
-    /// Seed of the dropout generator (the same seed drops the same weights).
-    pub seed: u64,
+    /// Where dropout draws from: `None` is the query device's default generator
+    /// ([`crate::generator::default_generator`], seeded by [`crate::manual_seed`]), whose
+    /// offset advances with each call, as in PyTorch. A generator of the caller's own at a
+    /// known seed and offset makes a call reproducible (the same draw drops the same weights
+    /// on every device).
+    pub generator: Option<&'a Generator>,
 }
 
 impl Default for SdpaOptions<'_> {
@@ -63,7 +70,7 @@ impl Default for SdpaOptions<'_> {
             is_causal: attention::causal_default(),
             scale: None,
             enable_gqa: false,
-            seed: 0,
+            generator: None,
         }
     }
 }
@@ -99,7 +106,7 @@ pub fn scaled_dot_product_attention(
         is_causal,
         scale,
         enable_gqa,
-        seed: 0,
+        generator: None,
     };
     sdpa(query, key, value, &options).map(|out| out.output)
 }
@@ -136,6 +143,23 @@ pub fn sdpa(
 ) -> Result<SdpaOutput> {
     let p = params(query, key, value, options);
     let (backend, pin) = attention::select(&p)?;
+    // The fused kernels read an additive mask in q's type; PyTorch takes one of any float
+    // type, so another one is converted (math reads every mask as f64 anyway).
+    let converted;
+    let options = &match options.attn_mask {
+        Some(m)
+            if m.dtype().is_float()
+                && m.dtype() != query.dtype()
+                && backend != SdpBackend::Math =>
+        {
+            converted = Tensor::from_f64(&m.to_f64()?, m.shape(), query.dtype(), m.device())?;
+            SdpaOptions {
+                attn_mask: Some(&converted),
+                ..*options
+            }
+        }
+        _ => *options,
+    };
     let shape = Shape::of(query, key, value);
     let scale = options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
     let describe = |note: &str| {
@@ -153,6 +177,16 @@ pub fn sdpa(
     };
     let mut out_shape = query.shape().to_vec();
     *out_shape.last_mut().expect("validated rank") = shape.dv;
+    // Dropout draws one value per weight, B x H x Lq x Lk of them.
+    let dropout = (options.dropout_p > 0.0).then(|| {
+        let count = [shape.b, shape.h, shape.lq, shape.lk]
+            .iter()
+            .fold(1u64, |n, &x| n.saturating_mul(x as u64));
+        options
+            .generator
+            .unwrap_or_else(|| default_generator(query.device()))
+            .draw(count)
+    });
     let job = Job {
         q: query,
         k: key,
@@ -161,6 +195,7 @@ pub fn sdpa(
         s: shape,
         scale,
         out_shape,
+        dropout,
     };
     match (query.device(), backend) {
         (Device::Cpu, SdpBackend::Math) => trace::kernel(describe("math, f32 compute"), || {
@@ -251,6 +286,8 @@ struct Job<'a> {
     s: Shape,
     scale: f64,
     out_shape: Vec<usize>,
+    /// The generator's draw for dropout (`None` without dropout).
+    dropout: Option<Draw>,
 }
 
 impl Job<'_> {
@@ -411,9 +448,10 @@ fn broadcast_strides(shape: &[usize], strides: &[usize]) -> [usize; 4] {
     out
 }
 
-/// A stateless dropout decision: keeps weight `(b, h, i, j)` with probability `1 - p`.
-fn keep(seed: u64, index: u64, p: f64) -> bool {
-    let mut z = seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+/// A stateless dropout decision: keeps weight `(b, h, i, j)` (flat `index`) with probability
+/// `1 - p`; `key` is the call's [`Draw::key`].
+fn keep(key: u64, index: u64, p: f64) -> bool {
+    let mut z = key ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^= z >> 31;
@@ -457,14 +495,23 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
                     }
                     *w = x;
                 }
-                let max = weights.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = weights.iter().map(|w| (w - max).exp()).sum();
+                // A NaN score makes the row NaN (the max keeps it); a row that sees no key
+                // (max -inf, no NaN) stays 0, as PyTorch's safe softmax gives.
+                let max =
+                    weights.iter().fold(
+                        f64::NEG_INFINITY,
+                        |m, &w| if w > m || w.is_nan() { w } else { m },
+                    );
                 let orow = &mut out[((b * s.h + h) * s.lq + i) * s.dv..][..s.dv];
+                if max == f64::NEG_INFINITY {
+                    continue;
+                }
+                let sum: f64 = weights.iter().map(|w| (w - max).exp()).sum();
                 for (j, w) in weights.iter().enumerate() {
                     let mut p = round((w - max).exp() / sum);
-                    if o.dropout_p > 0.0 {
+                    if let Some(draw) = job.dropout {
                         let index = (((b * s.h + h) * s.lq + i) * s.lk + j) as u64;
-                        p = if keep(o.seed, index, o.dropout_p) {
+                        p = if keep(draw.key(), index, o.dropout_p) {
                             p / (1.0 - o.dropout_p)
                         } else {
                             0.0
@@ -557,14 +604,17 @@ fn lanes_max(x: &[f32; BLOCK_N]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     for chunk in x.chunks_exact(16) {
         for l in 0..16 {
-            lanes[l] = if chunk[l] > lanes[l] {
-                chunk[l]
-            } else {
-                lanes[l]
-            };
+            lanes[l] = nan_max(lanes[l], chunk[l]);
         }
     }
-    halving(lanes, |a, b| if a > b { a } else { b })
+    halving(lanes, nan_max)
+}
+
+/// The larger of `a` and `b`, NaN if either is (so that a NaN score makes its row NaN, as
+/// on every other path).
+#[inline(always)]
+fn nan_max(a: f32, b: f32) -> f32 {
+    if b > a || b.is_nan() { b } else { a }
 }
 
 /// `lanes` folded by `op` in halves (8 pairs, 4, 2, 1), so that the steps vectorise
@@ -609,7 +659,7 @@ fn online_softmax(
             *x += mask.at(i, kb + c);
         }
     }
-    let new_max = row_max.max(lanes_max(srow));
+    let new_max = nan_max(*row_max, lanes_max(srow));
     if new_max == f32::NEG_INFINITY {
         srow.fill(0.0);
         return None;
@@ -687,19 +737,19 @@ fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
 }
 
 /// Divides each accumulated row by its softmax sum and writes its log-sum-exp (a row that
-/// saw no key gives zeros and -inf).
+/// saw no key gives zeros and -inf; a NaN row gives NaN and NaN).
 #[inline(always)]
 fn finish_rows(acc: &mut [f32], dv: usize, row_max: &[f32], row_sum: &[f32], lse: &mut [f32]) {
     for (r, (&max, &sum)) in row_max.iter().zip(row_sum).enumerate() {
-        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        let (inv, l) = if sum == 0.0 {
+            (0.0, f32::NEG_INFINITY)
+        } else {
+            (1.0 / sum, max + sum.ln())
+        };
         for x in &mut acc[r * dv..(r + 1) * dv] {
             *x *= inv;
         }
-        lse[r] = if sum > 0.0 {
-            max + sum.ln()
-        } else {
-            f32::NEG_INFINITY
-        };
+        lse[r] = l;
     }
 }
 
@@ -1665,14 +1715,15 @@ fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
                     *a += p * y;
                 }
             }
-            // A row that saw no key gives zeros and -inf, as the other fused kernels.
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-            acc.iter_mut().for_each(|a| *a *= inv);
-            *l = if sum > 0.0 {
-                max + sum.ln()
+            // A row that saw no key gives zeros and -inf, a NaN row NaN and NaN, as the
+            // other fused kernels.
+            let (inv, lse) = if sum == 0.0 {
+                (0.0, f64::NEG_INFINITY)
             } else {
-                f64::NEG_INFINITY
+                (1.0 / sum, max + sum.ln())
             };
+            acc.iter_mut().for_each(|a| *a *= inv);
+            *l = lse;
         }
     });
     Ok((

@@ -325,7 +325,7 @@ fn fused_dropout_drops_the_weights_the_host_math_path_drops() {
         let (gpu_in, cpu_in) = (on(Device::Cuda(d)), on(Device::Cpu));
         let options = SdpaOptions {
             dropout_p: 0.3,
-            seed: 7,
+            generator: Some(&backends::Generator::new(7)),
             ..Default::default()
         };
         let fused = {
@@ -449,9 +449,10 @@ fn cudnn_dropout_is_seeded_and_keeps_the_expectation() {
     // With v = 1 every output is the sum of the row's kept weights, rescaled: 1 on average.
     let v = Tensor::from_f64(&vec![1.0; n], &shape, DType::Bf16, device).unwrap();
     let run = |seed| {
+        let generator = backends::Generator::new(seed);
         let options = SdpaOptions {
             dropout_p: 0.2,
-            seed,
+            generator: Some(&generator),
             ..Default::default()
         };
         let out = sdpa(&q, &k, &v, &options).unwrap();
@@ -481,7 +482,7 @@ fn cufft_transforms_match_the_host_ones_and_use_the_device_plan_cache() {
     use backends::fft;
     let Some(d) = gpu() else { return };
     let device = Device::Cuda(d);
-    let cache = cuda::cufft_plan_cache(d);
+    let cache = cuda::cufft_plan_cache(d).unwrap();
     cache.clear();
     for dtype in [DType::F32, DType::F64] {
         let bound = if dtype == DType::F32 { 1e-5 } else { 1e-12 };

@@ -153,14 +153,21 @@ fn the_entry_points_fill_the_cpu_cache_and_reuse_its_plans() {
         strides: t.strides().to_vec(),
     };
     assert!(cache.contains(&key));
-    assert_eq!(
-        backends::cuda::cufft_plan_cache(0).max_size(),
-        fft::DEFAULT_MAX_SIZE
-    );
     assert!(
-        !std::ptr::eq(cache, backends::cuda::cufft_plan_cache(0)),
+        !std::ptr::eq(cache, fft::plan_cache(Device::Cuda(0))),
         "one cache per device"
     );
+    assert_eq!(
+        fft::plan_cache(Device::Cuda(0)).max_size(),
+        fft::DEFAULT_MAX_SIZE
+    );
+    // As in PyTorch, asking for the cache of a device that does not exist is an error.
+    let count = backends::cuda::device_count();
+    let err = backends::cuda::cufft_plan_cache(count).unwrap_err();
+    assert!(err.to_string().contains(&format!("< {count}")), "{err}");
+    if count > 0 {
+        backends::cuda::cufft_plan_cache(0).unwrap();
+    }
     cache.clear();
     assert_eq!(cache.size(), 0);
 }
@@ -232,6 +239,24 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(fft::fft(&mask), Err(Error::DTypeMismatch { .. })));
     let one = tensor(&[1.0, 0.0], &[1, 2]);
     assert!(fft::irfft(&one, None).is_err(), "output length 0");
+    // A transform over a dimension of length 0 is PyTorch's "Invalid number of data points".
+    let empty = |shape: &[usize]| tensor(&[], shape);
+    for (what, result) in [
+        ("fft", fft::fft(&empty(&[3, 0, 2]))),
+        ("fft2", fft::fft2(&empty(&[0, 4, 2]))),
+        ("ifft2", fft::ifft2(&empty(&[4, 0, 2]))),
+        ("rfft", fft::rfft(&empty(&[3, 0]))),
+        ("irfft", fft::irfft(&empty(&[3, 0, 2]), Some(4))),
+    ] {
+        let err = result.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("Invalid number of data points (0)"),
+            "{what}: {err}"
+        );
+    }
+    // A batch of 0 signals is no error.
+    assert_eq!(fft::fft(&empty(&[0, 5, 2])).unwrap().shape(), &[0, 5, 2]);
     if let Some(device) = common::adapter() {
         let gpu = Tensor::from_f64(&random(8), &[4, 2], DType::F32, device).unwrap();
         assert!(matches!(fft::fft(&gpu), Err(Error::Unavailable { .. })));

@@ -251,6 +251,23 @@ fn zero_sized_dimensions() {
 }
 
 #[test]
+fn a_batch_of_one_broadcasts_to_a_batch_of_zero() {
+    // As in PyTorch, 1 broadcasts to any size, 0 included.
+    let t = |shape: &[usize], device| Tensor::full(1f32, shape, device).unwrap();
+    for device in [Some(Device::Cpu), adapter()].into_iter().flatten() {
+        for (a, b) in [
+            (&[0, 33, 17][..], &[1, 17, 9][..]),
+            (&[1, 33, 17], &[0, 17, 9]),
+            (&[0, 33, 17], &[17, 9]),
+            (&[33, 17], &[0, 17, 9]),
+        ] {
+            let out = matmul(&t(a, device), &t(b, device)).unwrap();
+            assert_eq!(out.shape(), [0, 33, 9], "{a:?} x {b:?} on {device}");
+        }
+    }
+}
+
+#[test]
 fn bad_input_is_a_typed_error() {
     let a = Tensor::full(1f32, &[3, 4], Device::Cpu).unwrap();
     let err = matmul(&a, &Tensor::full(1f32, &[5, 2], Device::Cpu).unwrap()).unwrap_err();

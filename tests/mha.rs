@@ -183,7 +183,8 @@ fn the_conditions_pick_the_path_and_the_trace_names_it() {
     for row in w.chunks(L) {
         assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-5);
     }
-    // A batch entry whose every key is padding: composed (NaN rows, as PyTorch's math).
+    // A batch entry whose every key is padding: composed; it attends to nothing, so its
+    // output is the output projection's bias, as PyTorch gives.
     let all_padded: Vec<bool> = (0..N * L).map(|i| i < L).collect();
     let mask = Tensor::from_bools(&all_padded, &[N, L], Device::Cpu).unwrap();
     let padded = MhaOptions {
@@ -193,8 +194,21 @@ fn the_conditions_pick_the_path_and_the_trace_names_it() {
     let out = run(&layer, &x, &x, &padded);
     assert_eq!(out.path, MhaPath::Composed);
     let v = values(&out.output);
-    assert!(v[..L * E].iter().all(|x| x.is_nan()));
+    let bias = values(&layer[3]);
+    for row in v[..L * E].chunks(E) {
+        assert!(rel_err(row, &bias) < 1e-6, "{row:?} vs the bias {bias:?}");
+    }
     assert!(v[L * E..].iter().all(|x| x.is_finite()));
+    // With weights asked for, PyTorch's explicit softmax gives NaN rows, weights and output.
+    let padded_weights = MhaOptions {
+        need_weights: true,
+        ..padded
+    };
+    let out = run(&layer, &x, &x, &padded_weights);
+    let (v, w) = (values(&out.output), values(out.weights.as_ref().unwrap()));
+    assert!(v[..L * E].iter().all(|x| x.is_nan()));
+    assert!(w[..L * L].iter().all(|x| x.is_nan()));
+    assert!(w[L * L..].iter().all(|x| x.is_finite()));
 }
 
 #[test]

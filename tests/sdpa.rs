@@ -378,41 +378,106 @@ fn cpu_math_matches_the_reference() {
 }
 
 #[test]
-fn fully_masked_rows_nan_on_math_zero_on_fused() {
+fn fully_masked_rows_are_zero_on_every_backend() {
     // Head dims of part of a vector and of whole vectors, and the f64 kernel.
     for d in [8, 64] {
-        fully_masked_row::<f32>(d);
+        fully_masked_row::<f32>(d, Device::Cpu);
     }
-    fully_masked_row::<f64>(8);
+    fully_masked_row::<f64>(8, Device::Cpu);
+    if let Some(gpu) = adapter() {
+        fully_masked_row::<f32>(16, gpu);
+    }
 }
 
-fn fully_masked_row<T: Element>(d: usize) {
+/// Row 2 of q sees no key: 0 (and lse -inf) on the fused backend and on math, as PyTorch
+/// 2.15 gives on every backend.
+fn fully_masked_row<T: Element>(d: usize, device: Device) {
     let (lq, lk) = (4, 5);
-    let q = tensor::<T>(&random(lq * d), &[1, 1, lq, d], Device::Cpu);
-    let k = tensor::<T>(&random(lk * d), &[1, 1, lk, d], Device::Cpu);
-    let v = tensor::<T>(&random(lk * d), &[1, 1, lk, d], Device::Cpu);
-    // Row 2 sees no key.
+    let q = tensor::<T>(&random(lq * d), &[1, 1, lq, d], device);
+    let k = tensor::<T>(&random(lk * d), &[1, 1, lk, d], device);
+    let v = tensor::<T>(&random(lk * d), &[1, 1, lk, d], device);
     let keep: Vec<bool> = (0..lq * lk).map(|e| e / lk != 2).collect();
-    let mask = Tensor::from_bools(&keep, &[lq, lk], Device::Cpu).unwrap();
-    let options = SdpaOptions {
-        attn_mask: Some(&mask),
-        ..Default::default()
-    };
-    let fused = sdpa(&q, &k, &v, &options).unwrap();
-    assert_eq!(fused.backend, SdpBackend::Flash);
-    let out = host(&fused.output);
-    assert!(out[2 * d..3 * d].iter().all(|&x| x == 0.0));
-    assert!(out[..2 * d].iter().all(|x| x.is_finite() && *x != 0.0));
-    let lse = host(&fused.lse.unwrap());
-    assert_eq!(lse[2], f64::NEG_INFINITY);
-    assert!(lse[0].is_finite());
-    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
-    let math = host(&sdpa(&q, &k, &v, &options).unwrap().output);
-    assert!(
-        math[2 * d..3 * d].iter().all(|x| x.is_nan()),
-        "PyTorch's math gives NaN"
-    );
-    assert!(math[..2 * d].iter().all(|x| x.is_finite()));
+    let bool_mask = Tensor::from_bools(&keep, &[lq, lk], device).unwrap();
+    let additive: Vec<f64> = keep
+        .iter()
+        .map(|&k| if k { 0.0 } else { f64::NEG_INFINITY })
+        .collect();
+    let float_mask = tensor::<T>(&additive, &[lq, lk], device);
+    for mask in [&bool_mask, &float_mask] {
+        let options = SdpaOptions {
+            attn_mask: Some(mask),
+            ..Default::default()
+        };
+        let fused = sdpa(&q, &k, &v, &options).unwrap();
+        assert_ne!(fused.backend, SdpBackend::Math);
+        let out = host(&fused.output);
+        assert!(out[2 * d..3 * d].iter().all(|&x| x == 0.0), "{device}");
+        assert!(out[..2 * d].iter().all(|x| x.is_finite() && *x != 0.0));
+        let lse = host(&fused.lse.unwrap());
+        assert_eq!(lse[2], f64::NEG_INFINITY);
+        assert!(lse[0].is_finite());
+        let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+        let math = host(&sdpa(&q, &k, &v, &options).unwrap().output);
+        assert!(
+            math[2 * d..3 * d].iter().all(|&x| x == 0.0),
+            "PyTorch's safe softmax gives 0 on {device}: {math:?}"
+        );
+        assert!(rel_err(&math, &out) < 1e-5);
+    }
+}
+
+#[test]
+fn a_nan_in_q_gives_a_nan_row_and_lse_at_this_cpu_level() {
+    nan_row_and_lse();
+}
+
+#[test]
+fn a_nan_in_q_gives_a_nan_row_and_lse_at_the_portable_level() {
+    if in_child(
+        "a_nan_in_q_gives_a_nan_row_and_lse_at_the_portable_level",
+        &[("ATEN_CPU_CAPABILITY", "default")],
+    ) {
+        assert_eq!(backends::cpu::get_cpu_capability().to_string(), "DEFAULT");
+        nan_row_and_lse();
+    }
+}
+
+#[test]
+fn a_nan_in_q_gives_a_nan_row_and_lse_at_the_avx2_level() {
+    if in_child(
+        "a_nan_in_q_gives_a_nan_row_and_lse_at_the_avx2_level",
+        &[("ATEN_CPU_CAPABILITY", "avx2")],
+    ) {
+        nan_row_and_lse();
+    }
+}
+
+/// Row 1 of q holds a NaN: that row is NaN on every path (its lse too), the others finite.
+fn nan_row_and_lse() {
+    let (l, d) = (6, 16);
+    let mut qv = random(l * d);
+    qv[d + 3] = f64::NAN;
+    for device in [Some(Device::Cpu), adapter()].into_iter().flatten() {
+        for dtype in [DType::F32, DType::F64] {
+            if dtype == DType::F64 && device != Device::Cpu {
+                continue;
+            }
+            let q = Tensor::from_f64(&qv, &[1, 1, l, d], dtype, device).unwrap();
+            let k = Tensor::from_f64(&random(l * d), &[1, 1, l, d], dtype, device).unwrap();
+            let fused = sdpa(&q, &k, &k, &SdpaOptions::default()).unwrap();
+            assert_ne!(fused.backend, SdpBackend::Math);
+            let out = host(&fused.output);
+            let lse = host(&fused.lse.unwrap());
+            let what = format!("{device} {dtype}");
+            assert!(out[d..2 * d].iter().all(|x| x.is_nan()), "{what}: {out:?}");
+            assert!(lse[1].is_nan(), "{what}: lse {lse:?}");
+            assert!(out[..d].iter().chain(&out[2 * d..]).all(|x| x.is_finite()));
+            let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+            let math = host(&sdpa(&q, &k, &k, &SdpaOptions::default()).unwrap().output);
+            assert!(math[d..2 * d].iter().all(|x| x.is_nan()), "{what} math");
+            assert!(math[..d].iter().all(|x| x.is_finite()));
+        }
+    }
 }
 
 #[test]
@@ -443,9 +508,10 @@ fn dropout_is_seeded_and_unbiased_in_expectation() {
     let k = tensor::<f32>(&random(l * d), &[1, 2, l / 2, d], Device::Cpu);
     let ones = Tensor::full(1f32, &[1, 2, l / 2, d], Device::Cpu).unwrap();
     let with = |seed, p| {
+        let generator = backends::Generator::new(seed);
         let options = SdpaOptions {
             dropout_p: p,
-            seed,
+            generator: Some(&generator),
             ..Default::default()
         };
         let out = sdpa(&q, &k, &ones, &options).unwrap();
@@ -578,4 +644,55 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
     let (err, backend) = run::<f32>(case(10, 12, 16), device);
     assert_eq!(backend, SdpBackend::Math);
     assert!(err < 1e-5);
+}
+
+#[test]
+fn an_additive_mask_may_be_of_another_float_type() {
+    // PyTorch accepts a float mask whose type differs from q's; the result is the one with
+    // the mask in q's type.
+    let (l, d) = (6, 16);
+    let (qv, kv, vv) = (random(l * d), random(l * d), random(l * d));
+    let mask_values: Vec<f64> = random(l * l).iter().map(|x| x * 2.0).collect();
+    let mut cases = vec![
+        (Device::Cpu, DType::F64, DType::F32),
+        (Device::Cpu, DType::Bf16, DType::F32),
+        (Device::Cpu, DType::F16, DType::F32),
+        (Device::Cpu, DType::F32, DType::F64),
+    ];
+    if let Some(gpu) = adapter() {
+        cases.push((gpu, DType::F32, DType::F16));
+    }
+    for (device, dtype, mask_dtype) in cases {
+        let t = |v: &[f64], shape: &[usize], dt| Tensor::from_f64(v, shape, dt, device).unwrap();
+        let (q, k, v) = (
+            t(&qv, &[1, 1, l, d], dtype),
+            t(&kv, &[1, 1, l, d], dtype),
+            t(&vv, &[1, 1, l, d], dtype),
+        );
+        let other = t(&mask_values, &[l, l], mask_dtype);
+        let same = Tensor::from_f64(&other.to_f64().unwrap(), &[l, l], dtype, device).unwrap();
+        for backends in [
+            &[SdpBackend::Flash, SdpBackend::MemEfficient][..],
+            &[SdpBackend::Math],
+        ] {
+            let _only = sdpa_kernel_scoped(backends, false);
+            let run = |mask| {
+                let options = SdpaOptions {
+                    attn_mask: Some(mask),
+                    ..Default::default()
+                };
+                host(&sdpa(&q, &k, &v, &options).unwrap().output)
+            };
+            let (got, want) = (run(&other), run(&same));
+            let bound = if matches!(dtype, DType::Bf16 | DType::F16) {
+                1e-2
+            } else {
+                1e-6
+            };
+            assert!(
+                rel_err(&got, &want) < bound,
+                "{device} q {dtype} mask {mask_dtype} {backends:?}"
+            );
+        }
+    }
 }

@@ -2,24 +2,21 @@
 //! back after return, `?` and panic, scopes nest, `causal` sets the default, and a pinned
 //! variant runs (checking only its backend) with the same numbers as a plain selection.
 //!
-//! The attribute sets process-wide flags, as PyTorch's `sdpa_kernel` does, so the tests in
-//! this file take one lock each.
+//! The attribute's settings are thread-scoped (an async fn's follow its future), so the tests
+//! here run in parallel with each other; one of them hammers that from 8 threads.
 
 mod common;
 
-use std::sync::Mutex;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use backends::attention::{SdpBackend, pinned, selected_backend};
 use backends::cuda::{flash_sdp_enabled, math_sdp_enabled, mem_efficient_sdp_enabled};
 use backends::sdpa::params;
 use backends::{Device, Error, Result, SdpaOptions, Tensor, sdpa, sdpa_kernel};
 use common::{adapter, attention_reference, random, rel_err};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Random `[1, 2, l, d]` q, k, v on `device`, with their f64 values.
 fn qkv(l: usize, d: usize, device: Device) -> ([Tensor; 3], [Vec<f64>; 3]) {
@@ -56,7 +53,6 @@ fn flash_then_math(q: &Tensor, dropout_p: f64) -> Result<SdpBackend> {
 
 #[test]
 fn only_the_listed_backends_serve_inside() {
-    let _s = serial();
     let (q, _) = qkv(8, 16, Device::Cpu);
     assert_eq!(only_math(&q[0]).unwrap(), SdpBackend::Math);
     assert_eq!(
@@ -87,7 +83,6 @@ fn panics() {
 
 #[test]
 fn the_state_comes_back_after_return_question_mark_and_panic() {
-    let _s = serial();
     let (q, _) = qkv(4, 8, Device::Cpu);
     let before = backends::cuda::sdp_priority_order();
     let err = nothing_can_serve(&q[0]).unwrap_err();
@@ -113,7 +108,6 @@ fn outer(q: &Tensor) -> Result<(SdpBackend, SdpBackend, bool)> {
 
 #[test]
 fn scopes_nest_and_causal_is_the_default_inside() {
-    let _s = serial();
     let (q, _) = qkv(8, 16, Device::Cpu);
     let (inner, here, causal) = outer(&q[0]).unwrap();
     assert_eq!(
@@ -131,7 +125,6 @@ fn pinned_cpu(q: &[Tensor; 3]) -> Result<backends::SdpaOutput> {
 
 #[test]
 fn a_pinned_cpu_variant_runs_and_matches_the_selected_path() {
-    let _s = serial();
     let (t, v) = qkv(33, 32, Device::Cpu);
     let _verbose = backends::mkl::verbose(backends::mkl::VERBOSE_ON).unwrap();
     let capture = backends::TraceCapture::start();
@@ -182,7 +175,6 @@ fn pinned_but_called_with_dropout(q: &Tensor) -> Result<Tensor> {
 
 #[test]
 fn a_pinned_call_reports_only_its_backend() {
-    let _s = serial();
     let (q, _) = qkv(4, 16, Device::Cpu);
     let err = pinned_but_called_with_dropout(&q[0]).unwrap_err();
     let Error::NoAvailableKernel { reasons } = &err else {
@@ -206,7 +198,6 @@ fn pinned_wgpu(q: &[Tensor; 3]) -> Result<backends::SdpaOutput> {
 
 #[test]
 fn a_pinned_wgpu_variant_runs_its_table_entry() {
-    let _s = serial();
     let Some(device) = adapter() else { return };
     let (t, v) = qkv(17, 64, device);
     let out = pinned_wgpu(&t).unwrap();
@@ -228,4 +219,161 @@ fn a_pinned_wgpu_variant_runs_its_table_entry() {
         .map(|&x| f64::from(x))
         .collect();
     assert!(rel_err(&got, &reference) < 1e-5);
+}
+
+/// The backend that served a small CPU call and the `is_causal` default, in this scope.
+fn served(q: &Tensor) -> (SdpBackend, bool) {
+    let options = SdpaOptions::default();
+    (sdpa(q, q, q, &options).unwrap().backend, options.is_causal)
+}
+
+#[sdpa_kernel(math, device = cpu)]
+fn served_by_math(q: &Tensor) -> (SdpBackend, bool) {
+    served(q)
+}
+
+#[sdpa_kernel(flash, math, causal, device = cpu)]
+fn served_causal_flash(q: &Tensor) -> (SdpBackend, bool) {
+    served(q)
+}
+
+#[sdpa_kernel(math, flash, set_priority, causal, device = cpu)]
+fn served_math_first(q: &Tensor) -> (SdpBackend, bool) {
+    served(q)
+}
+
+/// The process-wide SDPA state: enabled flags, priority order, causal default, pin.
+fn process_state() -> String {
+    format!(
+        "{:?} {} {} {:?}",
+        flags(),
+        backends::cuda::sdp_priority_order(),
+        SdpaOptions::default().is_causal,
+        pinned()
+    )
+}
+
+#[test]
+fn annotated_calls_on_8_threads_see_only_their_own_settings() {
+    let before = process_state();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let calls: usize = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..8)
+            .map(|t| {
+                scope.spawn(move || {
+                    let (q, _) = qkv(4, 8, Device::Cpu);
+                    let mut n = 0;
+                    while Instant::now() < deadline {
+                        // Each thread starts the cycle at another place, so that every kind of
+                        // call overlaps every other kind.
+                        match (t + n) % 4 {
+                            0 => assert_eq!(served_by_math(&q[0]), (SdpBackend::Math, false)),
+                            1 => assert_eq!(served_causal_flash(&q[0]), (SdpBackend::Flash, true)),
+                            2 => assert_eq!(served_math_first(&q[0]), (SdpBackend::Math, true)),
+                            _ => {
+                                assert_eq!(served(&q[0]), (SdpBackend::Flash, false));
+                                assert_eq!(pinned(), None);
+                            }
+                        }
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert!(calls >= 8 * 4, "only {calls} calls ran");
+    assert_eq!(process_state(), before);
+}
+
+#[sdpa_kernel(math, device = cpu)]
+fn inner_math_after_outer(q: &Tensor) -> (SdpBackend, bool) {
+    served(q)
+}
+
+#[sdpa_kernel(flash, math, causal, device = cpu)]
+fn outer_around_a_panicking_inner(q: &Tensor) -> [(SdpBackend, bool); 3] {
+    let first = served(q);
+    let inner = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        inner_math_after_outer(q);
+        panics();
+    }));
+    assert!(inner.is_err());
+    // The inner scopes ended with the panic: the outer one decides again.
+    [first, inner_math_after_outer(q), served(q)]
+}
+
+#[test]
+fn nested_scopes_survive_a_panic_inside() {
+    let (q, _) = qkv(4, 8, Device::Cpu);
+    let before = process_state();
+    assert_eq!(
+        outer_around_a_panicking_inner(&q[0]),
+        [
+            (SdpBackend::Flash, true),
+            (SdpBackend::Math, false),
+            (SdpBackend::Flash, true)
+        ]
+    );
+    assert_eq!(process_state(), before);
+}
+
+/// Returns `Pending` once (waking itself), then `Ready`: an await point where the future
+/// can move to another thread.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[sdpa_kernel(math, set_priority, causal, device = cpu)]
+async fn served_across_an_await(
+    q: Tensor,
+) -> Result<[(SdpBackend, bool, std::thread::ThreadId); 2]> {
+    let (backend, causal) = served(&q);
+    let before = (backend, causal, std::thread::current().id());
+    YieldOnce(false).await;
+    let (backend, causal) = served(&q);
+    let options = SdpaOptions::default();
+    // `?` inside the async body returns the function's own error type.
+    sdpa(&q, &q, &q, &options)?;
+    Ok([before, (backend, causal, std::thread::current().id())])
+}
+
+#[test]
+fn an_async_fn_keeps_its_settings_across_threads_and_only_while_polled() {
+    let (q, _) = qkv(4, 8, Device::Cpu);
+    let mut future = Box::pin(served_across_an_await(q[0].clone()));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(future.as_mut().poll(&mut cx).is_pending());
+    // Between polls the settings are not in force on the thread that polled.
+    assert_eq!(served(&q[0]), (SdpBackend::Flash, false));
+    let (done, second) = std::thread::spawn(move || {
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(done) = future.as_mut().poll(&mut cx) else {
+            panic!("the second poll finishes")
+        };
+        (done.unwrap(), std::thread::current().id())
+    })
+    .join()
+    .unwrap();
+    let first = std::thread::current().id();
+    assert_ne!(first, second);
+    assert_eq!(
+        done,
+        [
+            (SdpBackend::Math, true, first),
+            (SdpBackend::Math, true, second)
+        ]
+    );
+    assert_eq!(served(&q[0]), (SdpBackend::Flash, false));
 }

@@ -382,9 +382,72 @@ fn no_backend_is_the_aborting_error_with_every_reason() {
     );
     assert!(text.contains("cuDNN attention requires"), "{text}");
 
+    // With every backend disabled, the error says so for each of them.
     let _none = sdpa_kernel_scoped(&[], false);
     let err = select_with(&params(1, 1, 4, 4, 8, DType::F32, Device::Cpu), &CPU).unwrap_err();
-    assert_eq!(err.to_string(), "No available kernel. Aborting execution.");
+    let Error::NoAvailableKernel { reasons } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(reasons.len(), 4, "{err}");
+    assert!(reasons.iter().all(|(_, r)| r == &[Reason::Disabled]));
+    let text = err.to_string();
+    assert!(
+        text.starts_with("Flash attention is disabled (by its enable_*_sdp flag"),
+        "{text}"
+    );
+    assert!(text.ends_with("No available kernel. Aborting execution."));
+}
+
+#[test]
+fn can_use_checks_the_enable_flags_first_as_pytorch_does() {
+    let p = params(2, 2, 8, 8, 16, DType::F32, Device::Cpu);
+    let _all = sdpa_kernel_scoped(&[Flash, MemEfficient, Math, Cudnn], false);
+    assert!(backends::cuda::can_use_flash_attention(&p, false));
+    let _math = sdpa_kernel_scoped(&[Math], false);
+    assert!(!backends::cuda::can_use_flash_attention(&p, true));
+    assert_eq!(
+        backends::attention::runtime_disabled(Flash),
+        [Reason::Disabled]
+    );
+}
+
+#[test]
+fn cudnn_attention_is_refused_when_cudnn_is_off_or_determinism_is_required() {
+    let p = params(8, 8, 128, 128, 64, DType::Bf16, Device::Cuda(0));
+    let caps = cuda((9, 0), Some(90100));
+    let _cudnn_first = sdpa_kernel_scoped(&[Cudnn, Flash, Math], true);
+    let cudnn_reasons = || {
+        backends::attention::explain_with(&p, &caps)
+            .into_iter()
+            .find(|(b, _)| *b == Cudnn)
+            .unwrap()
+            .1
+    };
+    assert_eq!(select_with(&p, &caps).unwrap(), Cudnn);
+    {
+        let _deterministic = backends::DETERMINISTIC_ALGORITHMS.guard_scoped(true);
+        assert_eq!(cudnn_reasons(), [Reason::Nondeterministic]);
+        assert_eq!(select_with(&p, &caps).unwrap(), Flash);
+        // warn_only: cuDNN runs, with a warning.
+        let _warn = backends::DETERMINISTIC_WARN_ONLY.guard_scoped(true);
+        assert_eq!(select_with(&p, &caps).unwrap(), Cudnn);
+    }
+    {
+        let _deterministic = backends::cudnn::flags_scoped(backends::cudnn::Flags {
+            deterministic: Some(true),
+            ..Default::default()
+        });
+        assert_eq!(cudnn_reasons(), [Reason::Nondeterministic]);
+    }
+    {
+        let _off = backends::cudnn::flags_scoped(backends::cudnn::Flags {
+            enabled: Some(false),
+            ..Default::default()
+        });
+        assert_eq!(cudnn_reasons(), [Reason::CudnnDisabled]);
+        assert_eq!(select_with(&p, &caps).unwrap(), Flash);
+    }
+    assert_eq!(select_with(&p, &caps).unwrap(), Cudnn);
 }
 
 #[test]

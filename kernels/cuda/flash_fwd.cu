@@ -161,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     for (int i = 0; i < 2; ++i) {
         const int row = row0 + 8 * i;
         if (row >= Lq) continue;
-        const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
+        const float inv = row_sum[i] != 0.f ? 1.f / row_sum[i] : 0.f;  // NaN rows stay NaN
 #pragma unroll
         for (int n = 0; n < HEAD_DIM / 8; ++n) {
             o[row * o_l + 8 * n + 2 * t] = from_f32<T>(acc[n][2 * i] * inv);
@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
         }
         if (t == 0)
             lse[(long long)bh * Lq + row] =
-                row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * 0.6931471805599453f : NEG_INF;
+                row_sum[i] != 0.f ? (row_max[i] + log2f(row_sum[i])) * 0.6931471805599453f : NEG_INF;
     }
 }
 

@@ -112,13 +112,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     }
 
     if (qi >= Lq) return;
-    const float inv = row_sum > 0.f ? 1.f / row_sum : 0.f;
+    const float inv = row_sum != 0.f ? 1.f / row_sum : 0.f;  // NaN rows stay NaN
 #pragma unroll
     for (int i = 0; i < D_MAX / TPR; ++i) {
         const int d = sub + TPR * i;
         if (d < D) o[qi * o_l + d] = from_f32<T>(acc[i] * inv);
     }
-    if (sub == 0) lse[(long long)bh * Lq + qi] = row_sum > 0.f ? row_max + __logf(row_sum) : NEG_INF;
+    if (sub == 0) lse[(long long)bh * Lq + qi] = row_sum != 0.f ? row_max + __logf(row_sum) : NEG_INF;
 }
 
 #undef THREADS

@@ -128,15 +128,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     }
 
     if (qi >= p.Lq) { return; }
-    var inv = 0.0;
-    if (row_sum > 0.0) { inv = 1.0 / row_sum; }
+    // A row that saw no key: O = 0, lse = -inf; a NaN row: NaN and NaN (`==` is an ordered
+    // compare in SPIR-V, false for NaN, where `!=` would be false too).
+    var inv = 1.0 / row_sum;
+    var l = row_max + log(row_sum);
+    if (row_sum == 0.0) {
+        inv = 0.0;
+        l = neg_inf();
+    }
     for (var i = 0u; i < D_MAX / TPR; i++) {
         let d = sub + TPR * i;
         if (d < p.D) { o[o_base + qi * p.o_l + d] = T(acc[i] * inv); }
     }
-    if (sub == 0u) {
-        var l = neg_inf();
-        if (row_sum > 0.0) { l = row_max + log(row_sum); }
-        lse[bh * p.Lq + qi] = l;
-    }
+    if (sub == 0u) { lse[bh * p.Lq + qi] = l; }
 }

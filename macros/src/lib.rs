@@ -36,9 +36,11 @@ use syn::{Expr, ExprLit, ItemFn, Lit, Meta, Token};
 /// Arguments, in any order:
 /// - backends, one or more: `flash`, `mem_efficient` (alias `efficient`), `math`,
 ///   `cudnn`. Only these are enabled in the body, as with the
-///   `backends::attention::sdpa_kernel` guard; the previous state comes back when the
-///   function returns, by `?` or by a panic. Annotated functions nest: the innermost
-///   decides.
+///   `backends::attention::sdpa_kernel_scoped` guard: for the thread that runs the body
+///   only (other threads keep their settings), until the function returns, by `?` or by a
+///   panic. On an `async fn` the settings follow the future: they are in force during each
+///   poll of it, on whichever thread polls it, and not between polls. Annotated functions
+///   nest: the innermost decides.
 /// - `set_priority`: the listed order is the priority order.
 /// - what the calls in the body look like: `causal` (also makes `is_causal` the default
 ///   of `SdpaOptions::default()` in the body), `dtype = bf16|f16|f32|f64`,
@@ -439,20 +441,27 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         sig,
         block,
     } = function;
-    let guard = syn::Ident::new("sdpa_kernel_guard", Span::mixed_site());
-    let enter = quote_spanned! {Span::mixed_site()=>
-        let #guard = ::backends::attention::sdpa_kernel_scope(
-            &[#(#backends),*],
-            #set_priority,
-            #causal,
-            #pin,
-        );
+    let scope = quote! {
+        ::backends::attention::SdpaKernelScope {
+            backends: &[#(#backends),*],
+            set_priority: #set_priority,
+            causal: #causal,
+            pin: #pin,
+        }
+    };
+    // An async fn's settings follow its future from poll to poll (on any thread); a plain
+    // function's hold on its thread until it returns or unwinds.
+    let body = if sig.asyncness.is_some() {
+        quote! { #scope.wrap(async move #block).await }
+    } else {
+        let guard = syn::Ident::new("sdpa_kernel_guard", Span::mixed_site());
+        let enter = quote_spanned! {Span::mixed_site()=> let #guard = #scope.enter(); };
+        quote! { #enter #block }
     };
     Ok(quote! {
         #(#attrs)*
         #vis #sig {
-            #enter
-            #block
+            #body
         }
     })
 }

@@ -4,10 +4,11 @@
 mod pin;
 mod select;
 
-pub use pin::{Pin, causal_default, pinned, sdpa_kernel_scope};
+pub use pin::{Pin, ScopedFuture, SdpaKernelScope, causal_default, pinned};
 pub use select::{
     DeviceCaps, Reason, Verdict, can_use_cudnn_attention, can_use_efficient_attention,
-    can_use_flash_attention, check, explain, explain_with, select_with, selected_backend, validate,
+    can_use_flash_attention, check, explain, explain_with, runtime_disabled, select_with,
+    selected_backend, validate,
 };
 pub(crate) use select::{no_kernel_message, select};
 

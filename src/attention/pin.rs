@@ -1,12 +1,16 @@
 //! What `#[sdpa_kernel(...)]` sets for a function body: the backend list (as the
-//! [`super::sdpa_kernel`] guard), the default of `is_causal`, and, when the attribute
+//! [`super::sdpa_kernel_scoped`] guard), the default of `is_causal`, and, when the attribute
 //! names a single variant, that variant pinned so that calls matching it skip the
-//! selection walk.
+//! selection walk. The settings are thread-scoped (an `async fn`'s follow its future from
+//! poll to poll), never process-wide.
 
-use super::select::{DeviceCaps, Reason, Verdict, check, validate, warn_all};
+use std::pin::Pin as Pinned;
+use std::task::{Context, Poll};
+
+use super::select::{DeviceCaps, Verdict, check, runtime_disabled, validate, warn_all};
 use super::{SdpBackend, only};
 use crate::cuda::SDPAParams;
-use crate::flag::{Flag, FlagGuard, FlagValue, Guard};
+use crate::flag::{Flag, FlagGuard, FlagValue, ScopedGuard};
 use crate::kernels::rules::DeviceKind;
 use crate::kernels::{ENTRIES, KernelEntry, KernelKey, MaskKind, lookup};
 use crate::{DType, Error, Result};
@@ -106,19 +110,63 @@ pub fn causal_default() -> bool {
     CAUSAL_DEFAULT.get()
 }
 
-/// What `#[sdpa_kernel]` sets for a function body until the guard drops: only `backends`
-/// are enabled (with `set_priority`, in that order), `is_causal` defaults to `causal`,
-/// and `pin` (or no pin) is in force. Scopes nest; the innermost decides.
-pub fn sdpa_kernel_scope(
-    backends: &[SdpBackend],
-    set_priority: bool,
-    causal: bool,
-    pin: Option<Pin>,
-) -> Guard {
-    let mut guard: Guard = only(backends, set_priority);
-    guard.push(&CAUSAL_DEFAULT, causal);
-    guard.push(&PIN, pin.map_or(0, |p| p.encode()));
-    guard
+/// What one `#[sdpa_kernel(...)]` attribute sets for its function body: only `backends`
+/// are enabled (with `set_priority`, in that order), `is_causal` defaults to `causal`, and
+/// `pin` (or no pin) is in force. The settings are thread-scoped: they hold on the thread
+/// that runs the body and nowhere else, so concurrent annotated calls never see each other's
+/// settings. Scopes nest; the innermost decides.
+#[derive(Clone, Copy, Debug)]
+pub struct SdpaKernelScope {
+    /// The backends enabled in the body.
+    pub backends: &'static [SdpBackend],
+    /// Whether the list order is the priority order.
+    pub set_priority: bool,
+    /// The default of `is_causal` in the body.
+    pub causal: bool,
+    /// The pinned variant, if the attribute names one.
+    pub pin: Option<Pin>,
+}
+
+impl SdpaKernelScope {
+    /// Puts the settings in force on the current thread until the guard drops (also on
+    /// early return and panic).
+    #[must_use = "the settings end when the guard drops"]
+    pub fn enter(&self) -> ScopedGuard {
+        let mut guard: ScopedGuard = only(self.backends, self.set_priority);
+        guard.push(&CAUSAL_DEFAULT, self.causal);
+        guard.push(&PIN, self.pin.map_or(0, |p| p.encode()));
+        guard
+    }
+
+    /// The scope of an `async fn`: `future` with the settings in force during each of its
+    /// polls, on whichever thread polls it, and not between polls.
+    pub fn wrap<F: Future>(self, future: F) -> ScopedFuture<F> {
+        ScopedFuture {
+            scope: self,
+            future,
+        }
+    }
+}
+
+/// A future that runs each poll of the future inside it within an [`SdpaKernelScope`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct ScopedFuture<F> {
+    scope: SdpaKernelScope,
+    future: F,
+}
+
+impl<F: Future> Future for ScopedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pinned<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let _scope = self.scope.enter();
+        // SAFETY: `future` is structurally pinned: it is never moved out of `self` (no
+        // method hands it out by value or by `&mut`, and `ScopedFuture` has no `Drop` impl),
+        // and `ScopedFuture` is `Unpin` only when `F` is (the auto trait).
+        let future = unsafe { self.map_unchecked_mut(|s| &mut s.future) };
+        future.poll(cx)
+    }
 }
 
 /// The pinned variant in force, if any.
@@ -132,10 +180,8 @@ pub fn pinned() -> Option<Pin> {
 pub(super) fn select_pinned(p: &SDPAParams) -> Option<Result<(SdpBackend, Option<Pin>)>> {
     let pin = pinned().filter(|pin| pin.matches(p))?;
     Some(validate(p).and_then(|()| {
-        let mut reasons = check(pin.backend, p, &DeviceCaps::of(p.query.device));
-        if !crate::cuda::sdp::enabled_flag(pin.backend).get() {
-            reasons.insert(0, Reason::Disabled);
-        }
+        let mut reasons = runtime_disabled(pin.backend);
+        reasons.extend(check(pin.backend, p, &DeviceCaps::of(p.query.device)));
         if reasons.is_empty() {
             return Ok((pin.backend, Some(pin)));
         }

@@ -72,6 +72,12 @@ impl DeviceCaps {
 pub enum Reason {
     /// Turned off (`enable_*_sdp(false)` or outside an `sdpa_kernel` list).
     Disabled,
+    /// cuDNN attention while `cudnn::set_enabled(false)` (or a `cudnn::flags` guard) turns
+    /// cuDNN off.
+    CudnnDisabled,
+    /// A backend that is not deterministic while deterministic algorithms are required
+    /// (`use_deterministic_algorithms(true, false)` or `cudnn::deterministic`).
+    Nondeterministic,
     /// The backend has no kernel for this kind of device.
     UnsupportedDevice(Device),
     /// The device is not present on this machine.
@@ -138,7 +144,20 @@ pub enum Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Reason::Disabled => write!(f, "is disabled (enable it or list it in sdpa_kernel)"),
+            Reason::Disabled => write!(
+                f,
+                "is disabled (by its enable_*_sdp flag, or an sdpa_kernel guard or #[sdpa_kernel] \
+                 attribute that does not list it): enable it or list it"
+            ),
+            Reason::CudnnDisabled => write!(
+                f,
+                "is disabled because cudnn.enabled is false (turn cuDNN on, e.g. with a backends::cudnn::flags guard)"
+            ),
+            Reason::Nondeterministic => write!(
+                f,
+                "is not deterministic, and deterministic algorithms are required \
+                 (use_deterministic_algorithms or cudnn.deterministic); pass warn_only to allow it with a warning"
+            ),
             Reason::UnsupportedDevice(d) => write!(f, "has no kernel for {d} tensors"),
             Reason::DeviceMissing(d) => write!(f, "cannot run: {d} is not present on this machine"),
             Reason::Rank { query } => {
@@ -270,10 +289,13 @@ pub fn validate(p: &SDPAParams) -> Result<()> {
             got: q.dtype,
         });
     }
-    if !(0.0..1.0).contains(&p.dropout) {
+    if !(0.0..=1.0).contains(&p.dropout) {
         return Err(Error::InvalidArgument {
             what: "dropout_p",
-            why: format!("{} is not in [0, 1)", p.dropout),
+            why: format!(
+                "{} is not in [0, 1] (1 drops every weight: the output is 0)",
+                p.dropout
+            ),
         });
     }
     if let Some(m) = &p.attn_mask {
@@ -315,9 +337,10 @@ fn check_mask(p: &SDPAParams, m: &TensorMeta) -> Result<()> {
             ),
         });
     }
-    if m.dtype != DType::Bool && m.dtype != p.query.dtype {
+    // As in PyTorch, an additive mask may be of another float type than q.
+    if m.dtype != DType::Bool && !m.dtype.is_float() {
         return Err(Error::DTypeMismatch {
-            op: "attn_mask",
+            op: "attn_mask (boolean or float)",
             expected: p.query.dtype,
             got: m.dtype,
         });
@@ -414,7 +437,11 @@ pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reas
     if gqa_heads(p) && !rules::takes_gqa(b) {
         reasons.push(Reason::Gqa);
     }
-    if p.dropout > 0.0 && !rules::takes_dropout(b, target.kind) {
+    // cuDNN's graph rescales kept weights by 1 / (1 - p): it cannot take p = 1.
+    if p.dropout > 0.0
+        && (!rules::takes_dropout(b, target.kind)
+            || (b == rules::Backend::Cudnn && p.dropout >= 1.0))
+    {
         reasons.push(Reason::Dropout(p.dropout));
     }
     if b == rules::Backend::Cudnn {
@@ -436,19 +463,45 @@ fn gqa_heads(p: &SDPAParams) -> bool {
     p.enable_gqa && r >= 3 && p.query.shape[r - 3] != p.key.shape[r - 3]
 }
 
+/// Why `backend` is turned off right now, before any input check (PyTorch's
+/// `check_runtime_disabled_*`): its enable flag or `sdpa_kernel` list
+/// ([`Reason::Disabled`], always first), and for cuDNN `cudnn.enabled` and the
+/// determinism switches. cuDNN attention is the one backend that is not deterministic;
+/// with `warn_only` it runs and a warning says so, as in PyTorch.
+pub fn runtime_disabled(backend: SdpBackend) -> Vec<Reason> {
+    let mut reasons = Vec::new();
+    if !crate::cuda::sdp::enabled_flag(backend).get() {
+        reasons.push(Reason::Disabled);
+    }
+    if backend == SdpBackend::Cudnn {
+        if !crate::cudnn::enabled() {
+            reasons.push(Reason::CudnnDisabled);
+        }
+        if crate::deterministic_required() {
+            if crate::is_deterministic_algorithms_warn_only_enabled() {
+                log::warn!("{} is not deterministic (warn_only)", title(backend));
+            } else {
+                reasons.push(Reason::Nondeterministic);
+            }
+        }
+    }
+    reasons
+}
+
+/// [`runtime_disabled`]'s reasons, then [`check`]'s.
+fn verdict(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Verdict {
+    let mut reasons = runtime_disabled(backend);
+    reasons.extend(check(backend, p, caps));
+    (backend, reasons)
+}
+
 /// Every backend's verdict for `params` on `caps`, in priority order; a disabled backend
 /// gets [`Reason::Disabled`] first.
 pub fn explain_with(p: &SDPAParams, caps: &DeviceCaps) -> Vec<Verdict> {
     crate::cuda::sdp_priority_order()
         .as_slice()
         .iter()
-        .map(|&b| {
-            let mut reasons = check(b, p, caps);
-            if !crate::cuda::sdp::enabled_flag(b).get() {
-                reasons.insert(0, Reason::Disabled);
-            }
-            (b, reasons)
-        })
+        .map(|&b| verdict(b, p, caps))
         .collect()
 }
 
@@ -467,11 +520,21 @@ pub fn select_with(p: &SDPAParams, caps: &DeviceCaps) -> Result<SdpBackend> {
         return Ok(*backend);
     }
     let enabled: Vec<Verdict> = verdicts
-        .into_iter()
+        .iter()
         .filter(|(_, r)| r.first() != Some(&Reason::Disabled))
+        .cloned()
         .collect();
-    warn_all(&enabled);
-    Err(Error::NoAvailableKernel { reasons: enabled })
+    // With every backend disabled, their being disabled is the reason to report.
+    let reasons = if enabled.is_empty() {
+        verdicts
+            .into_iter()
+            .map(|(b, _)| (b, vec![Reason::Disabled]))
+            .collect()
+    } else {
+        enabled
+    };
+    warn_all(&reasons);
+    Err(Error::NoAvailableKernel { reasons })
 }
 
 /// The backend that serves `params` on the device its query lives on (PyTorch users long
@@ -502,15 +565,16 @@ fn warn(backend: SdpBackend, reasons: &[Reason]) {
 }
 
 fn can_use(backend: SdpBackend, p: &SDPAParams, debug: bool) -> bool {
-    let reasons = check(backend, p, &DeviceCaps::of(p.query.device));
+    let (_, reasons) = verdict(backend, p, &DeviceCaps::of(p.query.device));
     if debug {
         warn(backend, &reasons);
     }
     reasons.is_empty()
 }
 
-/// Whether flash attention can serve `params` (enabled or not); with `debug`, each failed
-/// check is logged as a warning.
+/// Whether flash attention can serve `params`: as in PyTorch, it must be enabled
+/// ([`runtime_disabled`]) and pass every input check; with `debug`, each failed check is
+/// logged as a warning.
 pub fn can_use_flash_attention(p: &SDPAParams, debug: bool) -> bool {
     can_use(SdpBackend::Flash, p, debug)
 }

@@ -35,9 +35,19 @@ pub fn is_built() -> bool {
 }
 
 /// The FFT plan cache of CUDA device `index` (`torch.backends.cuda.cufft_plan_cache[i]`):
-/// `size`, `max_size` / `set_max_size`, `clear`. See [`crate::fft`].
-pub fn cufft_plan_cache(index: usize) -> &'static crate::fft::PlanCache {
-    crate::fft::plan_cache(crate::Device::Cuda(index))
+/// `size`, `max_size` / `set_max_size`, `clear`. See [`crate::fft`]. An index past the
+/// device count is an error, as in PyTorch.
+pub fn cufft_plan_cache(index: usize) -> crate::Result<&'static crate::fft::PlanCache> {
+    let count = device_count();
+    if index >= count {
+        return Err(crate::Error::InvalidArgument {
+            what: "cufft_plan_cache device index",
+            why: format!(
+                "expected 0 <= device index < {count} (the CUDA device count), but got {index}"
+            ),
+        });
+    }
+    Ok(crate::fft::plan_cache(crate::Device::Cuda(index)))
 }
 
 /// Whether flash attention is built in and usable here

@@ -5,6 +5,7 @@
 use super::{Job, SdpaOutput, Shape, broadcast_strides};
 use crate::attention::SdpBackend;
 use crate::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
+use crate::generator::Draw;
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::tensor::{Storage, Tensor};
 use crate::{DType, Device, Error, Result};
@@ -132,7 +133,8 @@ pub(super) fn fused(
         for x in &all_strides {
             args.long(x);
         }
-        args.double(&o.dropout_p).ulong(&o.seed);
+        let key = job.dropout.map_or(0, Draw::key);
+        args.double(&o.dropout_p).ulong(&key);
         // SAFETY: the arguments follow the kernel's parameter list (flash_fwd.cu or
         // mem_eff_fwd.cu); q, k, v and the mask are the tensors' own views and hold every
         // element their strides reach; o and lse were allocated above for B x H x Lq rows.

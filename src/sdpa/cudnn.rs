@@ -6,8 +6,9 @@
 //! With `cudnn::benchmark` on, the first call of a shape times the heuristics' first
 //! `cudnn::benchmark_limit` plans (0: every one) on its own tensors and keeps the fastest.
 //!
-//! cuDNN draws dropout from its own generator, seeded by `SdpaOptions::seed`: the same seed
-//! drops the same weights run to run, but not the ones the other backends drop.
+//! cuDNN draws dropout from its own Philox generator at the seed and offset of the call's
+//! generator draw (`SdpaOptions::generator`): the same draw drops the same weights run to
+//! run, but not the ones the other backends drop.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
@@ -729,10 +730,11 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
     });
     let (out_view, lse_view) = (out.view(0), lse.view(0));
     let dropout = (o.dropout_p > 0.0).then_some(o.dropout_p);
-    let seeds = match dropout {
-        Some(_) => Some([
-            Buffer::upload(ordinal, &(o.seed as i64).to_ne_bytes())?,
-            Buffer::upload(ordinal, &0i64.to_ne_bytes())?,
+    // cuDNN's Philox takes the generator's seed and offset as they are.
+    let seeds = match job.dropout {
+        Some(draw) => Some([
+            Buffer::upload(ordinal, &(draw.seed as i64).to_ne_bytes())?,
+            Buffer::upload(ordinal, &(draw.offset as i64).to_ne_bytes())?,
         ]),
         None => None,
     };
