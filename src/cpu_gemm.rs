@@ -4,8 +4,8 @@
 //! accumulated in f32, in a fixed order: results are bit-identical run to run and do not
 //! depend on the thread count.
 
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, OnceLock};
 
 use crate::DType;
 use crate::cpu::CpuCapability;
@@ -165,7 +165,12 @@ fn gemm_with<T: Element>(
     threads: usize,
 ) {
     // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
-    let threads = threads.clamp(1, (m * n * k).div_ceil(MIN_WORK_PER_THREAD));
+    let threads = threads.clamp(
+        1,
+        m.saturating_mul(n)
+            .saturating_mul(k)
+            .div_ceil(MIN_WORK_PER_THREAD),
+    );
     let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
     let a_panels = m.div_ceil(mr);
     // Row blocks of A panels: a multiple of the thread count, so that threads end together.
@@ -194,7 +199,8 @@ fn gemm_with<T: Element>(
         .flat_map(|jc| (0..k).step_by(kc_max).map(move |pc| (jc, pc)))
         .collect();
     let counters: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
-    let barrier = Barrier::new(threads);
+    // Sized by the team the pool gives, which can be smaller than `threads`.
+    let barrier = OnceLock::new();
     let (b_ptr, c_ptr, c_len) = (
         SharedOut(packed_b[b_start..].as_mut_ptr()),
         SharedOut(c.as_mut_ptr()),
@@ -203,12 +209,13 @@ fn gemm_with<T: Element>(
     // One scope for the whole product: per block, the threads pack B's panels together,
     // meet, then take items (packing each item's own A panels), and meet again before the
     // next block overwrites the packed B.
-    let worker = |t: usize| {
+    let worker = |t: usize, team: usize| {
+        let barrier = barrier.get_or_init(|| Barrier::new(team));
         // Every element is stored by the first K block. Builds with debug assertions (the
         // tests') poison C first, so that NaN shows any element that is not; release builds
         // skip that pass over C (3-6% of a product at n = 512..4096).
         if cfg!(debug_assertions) {
-            let share = c_len.div_ceil(threads);
+            let share = c_len.div_ceil(team);
             let (lo, hi) = ((t * share).min(c_len), ((t + 1) * share).min(c_len));
             // SAFETY: the shares are disjoint and inside C; no tile is written before the
             // first barrier, which every thread reaches after its share.
@@ -224,7 +231,7 @@ fn gemm_with<T: Element>(
         for (&(jc, pc), next) in blocks.iter().zip(&counters) {
             let (nc, kc) = (NC.min(n - jc), kc_max.min(k - pc));
             let (b_panels, ks) = (nc.div_ceil(nr), mk.steps(kc));
-            let per = b_panels.div_ceil(threads);
+            let per = b_panels.div_ceil(team);
             let mine = (t * per).min(b_panels)..((t + 1) * per).min(b_panels);
             // SAFETY: threads pack disjoint panel ranges of the packed B, which nobody reads
             // before the barrier below.

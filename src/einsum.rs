@@ -13,7 +13,11 @@
 //! the host.
 
 use crate::opt_einsum::{self, ContractionPath, Indices, Problem, bits};
+use crate::tensor::host_zeros;
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// What einsum's errors name.
+const OP: &str = "einsum";
 
 /// The most dimensions `...` may stand for.
 const MAX_ELLIPSIS: usize = 12;
@@ -68,7 +72,7 @@ fn parse_term(equation: &str, text: &str) -> Result<Term> {
             labels.push(id);
             rest = &rest[1..];
         } else if c.is_whitespace() {
-            rest = &rest[1..];
+            rest = &rest[c.len_utf8()..];
         } else {
             return Err(malformed(
                 equation,
@@ -240,7 +244,7 @@ impl Operand {
 
     /// From raw labels (maybe repeated, maybe size-1 broadcast dims): takes diagonals and
     /// broadcasts to the full sizes.
-    fn new(values: Vec<f64>, shape: &[usize], raw: &[u8], sizes: &[usize; 64]) -> Operand {
+    fn new(values: Vec<f64>, shape: &[usize], raw: &[u8], sizes: &[usize; 64]) -> Result<Operand> {
         let mut labels: Vec<u8> = Vec::new();
         for &l in raw {
             if !labels.contains(&l) {
@@ -260,16 +264,16 @@ impl Operand {
             })
             .collect();
         let out_shape: Vec<usize> = labels.iter().map(|&l| sizes[l as usize]).collect();
-        Operand {
-            values: gather(&values, &strides, &out_shape),
+        Ok(Operand {
+            values: gather(&values, &strides, &out_shape)?,
             labels,
-        }
+        })
     }
 
     /// Sums away every label not in `keep`.
-    fn reduce(self, keep: Indices, sizes: &[usize; 64]) -> Operand {
+    fn reduce(self, keep: Indices, sizes: &[usize; 64]) -> Result<Operand> {
         if self.labels.iter().all(|&l| keep >> l & 1 == 1) {
-            return self;
+            return Ok(self);
         }
         let labels: Vec<u8> = self
             .labels
@@ -289,14 +293,14 @@ impl Operand {
                     .map_or(0, |i| kept_strides[i])
             })
             .collect();
-        let mut values = vec![0.0; kept_shape.iter().product()];
+        let mut values = host_zeros(OP, elements(&kept_shape)?)?;
         let shape = self.shape(sizes);
         for_each_index(&shape, &to, |i, at| values[at] += self.values[i]);
-        Operand { values, labels }
+        Ok(Operand { values, labels })
     }
 
     /// Its values with the dimensions in `order` (a permutation of its labels).
-    fn permuted(&self, order: &[u8], sizes: &[usize; 64]) -> Vec<f64> {
+    fn permuted(&self, order: &[u8], sizes: &[usize; 64]) -> Result<Vec<f64>> {
         let strides = row_major_strides(&self.shape(sizes));
         let by_label: Vec<usize> = order
             .iter()
@@ -313,12 +317,28 @@ impl Operand {
     }
 }
 
+/// Row-major strides (saturating: past a dimension of size 0 they are never used).
 fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);
     }
     strides
+}
+
+/// The element count of an operand or intermediate of `shape`, or a typed error where it
+/// overflows.
+fn elements(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP,
+            detail: format!(
+                "an operand or intermediate of shape {shape:?} has more elements than memory can \
+                 address; use smaller operands"
+            ),
+        })
 }
 
 /// Calls `f(linear index, Σ index·strides)` for every index of `shape` in row-major order.
@@ -341,10 +361,10 @@ fn for_each_index(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize, u
 }
 
 /// The row-major elements of `shape` read from `values` at `Σ index·strides`.
-fn gather(values: &[f64], strides: &[usize], shape: &[usize]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(shape.iter().product());
-    for_each_index(shape, strides, |_, at| out.push(values[at]));
-    out
+fn gather(values: &[f64], strides: &[usize], shape: &[usize]) -> Result<Vec<f64>> {
+    let mut out = host_zeros(OP, elements(shape)?)?;
+    for_each_index(shape, strides, |i, at| out[i] = values[at]);
+    Ok(out)
 }
 
 /// Contracts `a` and `b` with one batched GEMM on `device` in `dtype`, keeping the
@@ -359,24 +379,31 @@ fn contract(
 ) -> Result<Operand> {
     let (sa, sb) = (set_of(&a.labels), set_of(&b.labels));
     // A label only one side holds and nothing later needs is summed first.
-    let a = a.reduce(keep | sb, sizes);
-    let b = b.reduce(keep | sa, sizes);
+    let a = a.reduce(keep | sb, sizes)?;
+    let b = b.reduce(keep | sa, sizes)?;
     let (sa, sb) = (set_of(&a.labels), set_of(&b.labels));
     let pick = |set: Indices| -> Vec<u8> { bits(set).map(|l| l as u8).collect() };
     let batch = pick(sa & sb & keep);
     let inner = pick(sa & sb & !keep);
     let (m, n) = (pick(sa & !sb), pick(sb & !sa));
-    let count = |labels: &[u8]| labels.iter().map(|&l| sizes[l as usize]).product::<usize>();
-    let (bt, mm, nn, kk) = (count(&batch), count(&m), count(&n), count(&inner));
+    let count = |labels: &[u8]| {
+        elements(
+            &labels
+                .iter()
+                .map(|&l| sizes[l as usize])
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (bt, mm, nn, kk) = (count(&batch)?, count(&m)?, count(&n)?, count(&inner)?);
     let cat = |parts: [&[u8]; 3]| parts.concat();
     let left = Tensor::from_f64(
-        &a.permuted(&cat([&batch, &m, &inner]), sizes),
+        &a.permuted(&cat([&batch, &m, &inner]), sizes)?,
         &[bt, mm, kk],
         dtype,
         device,
     )?;
     let right = Tensor::from_f64(
-        &b.permuted(&cat([&batch, &inner, &n]), sizes),
+        &b.permuted(&cat([&batch, &inner, &n]), sizes)?,
         &[bt, kk, nn],
         dtype,
         device,
@@ -423,7 +450,7 @@ pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
     let mut ops: Vec<Operand> = operands
         .iter()
         .zip(&eq.inputs)
-        .map(|(t, raw)| Ok(Operand::new(t.to_f64()?, t.shape(), raw, &eq.sizes)))
+        .map(|(t, raw)| Operand::new(t.to_f64()?, t.shape(), raw, &eq.sizes))
         .collect::<Result<_>>()?;
     let sets: Vec<Indices> = ops.iter().map(|o| set_of(&o.labels)).collect();
     let plan = eq.problem(&sets);
@@ -438,7 +465,12 @@ pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
     let last = ops
         .pop()
         .expect("the path leaves one operand")
-        .reduce(output, &eq.sizes);
+        .reduce(output, &eq.sizes)?;
     let shape: Vec<usize> = eq.output.iter().map(|&l| eq.sizes[l as usize]).collect();
-    Tensor::from_f64(&last.permuted(&eq.output, &eq.sizes), &shape, dtype, device)
+    Tensor::from_f64(
+        &last.permuted(&eq.output, &eq.sizes)?,
+        &shape,
+        dtype,
+        device,
+    )
 }

@@ -87,7 +87,7 @@ pub use precision::{
 };
 pub use sdpa::{SdpaOptions, SdpaOutput, scaled_dot_product_attention, sdpa};
 pub use tensor::{Element, Tensor};
-pub use threads::{NUM_THREADS, get_num_threads, set_num_threads};
+pub use threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};
 pub use trace::Capture as TraceCapture;
 
 /// The README's example, compiled and run as a doctest so that it stays true.

@@ -191,32 +191,53 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
     use backends::attention::{SdpBackend, sdpa_kernel_scoped};
     use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
     let [b, h, lq, lk, d] = q.shape;
-    // A small deterministic generator: fresh values per input, in [-1, 1).
-    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (b * h * lq * lk * d) as u64;
-    let mut random = |n: usize| -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    // The element count of each input, or an error where the shape is too large.
+    let count = |dims: &[usize]| -> backends::Result<usize> {
+        dims.iter()
+            .try_fold(1usize, |n, &x| n.checked_mul(x))
+            .ok_or_else(|| backends::Error::InvalidArgument {
+                what: "--shape",
+                why: format!("{:?} has more elements than memory can address", q.shape),
             })
-            .collect()
+    };
+    // A small deterministic generator: fresh values per input, in [-1, 1), in a fallibly
+    // allocated vector.
+    let mut state =
+        0x9E37_79B9_7F4A_7C15u64 ^ q.shape.iter().fold(1u64, |n, &x| n.wrapping_mul(x as u64));
+    let mut random = |n: usize| -> backends::Result<Vec<f64>> {
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact(n)
+            .map_err(|_| backends::Error::OutOfMemory {
+                device: Device::Cpu,
+                bytes: (n as u64).saturating_mul(8),
+                why: "the random inputs of `backends sdpa`".into(),
+            })?;
+        values.extend((0..n).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        }));
+        Ok(values)
     };
     let (qv, kv, vv) = (
-        random(b * h * lq * d),
-        random(b * h * lk * d),
-        random(b * h * lk * d),
+        random(count(&[b, h, lq, d])?)?,
+        random(count(&[b, h, lk, d])?)?,
+        random(count(&[b, h, lk, d])?)?,
     );
-    let mask_values: Option<Vec<f64>> = q.mask.map(|kind| match kind {
+    let mask_values: Option<Vec<f64>> = match q.mask {
         // Every row keeps its first key, so that no row is fully masked.
-        MaskKind::Bool => random(lq * lk)
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| f64::from(u8::from(x > -0.5 || i % lk == 0)))
-            .collect(),
-        MaskKind::Float => random(lq * lk),
-    });
+        Some(MaskKind::Bool) => Some(
+            random(count(&[lq, lk])?)?
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| f64::from(u8::from(x > -0.5 || i % lk == 0)))
+                .collect(),
+        ),
+        Some(MaskKind::Float) => Some(random(count(&[lq, lk])?)?),
+        None => None,
+    };
     let inputs = |dtype: DType, device: Device| -> backends::Result<Vec<Tensor>> {
         let mut t = vec![
             Tensor::from_f64(&qv, &[b, h, lq, d], dtype, device)?,

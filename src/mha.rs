@@ -126,6 +126,12 @@ fn dims(
             value.shape()
         )));
     }
+    if e == 0 {
+        return Err(Error::InvalidArgument {
+            what: "embedding size",
+            why: "the inputs' last dimension is 0: give each token at least one feature".into(),
+        });
+    }
     if heads == 0 || e % heads != 0 {
         return Err(Error::InvalidArgument {
             what: "num_heads",

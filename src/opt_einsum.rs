@@ -102,8 +102,17 @@ pub(crate) struct Problem<'a> {
 }
 
 impl Problem<'_> {
+    /// The element count of an operand holding `set` (saturating: a count past u128 is
+    /// reported as u128::MAX, never wrapped).
     fn size(&self, set: Indices) -> u128 {
-        bits(set).map(|i| self.sizes[i] as u128).product()
+        bits(set).fold(1u128, |n, i| n.saturating_mul(self.sizes[i] as u128))
+    }
+
+    /// The size a step adds, `|result| - |a| - |b|` (opt_einsum's "memory-removed"
+    /// heuristic), saturating.
+    fn added(&self, result: Indices, a: Indices, b: Indices) -> i128 {
+        let size = |set| i128::try_from(self.size(set)).unwrap_or(i128::MAX);
+        size(result).saturating_sub(size(a)).saturating_sub(size(b))
     }
 
     /// opt_einsum's `flop_count`: the product of every involved index's size, times
@@ -198,9 +207,7 @@ impl Problem<'_> {
                         .filter(|&(x, _)| x != i && x != j)
                         .fold(0, |acc, (_, &s)| acc | s);
                     let (result, flops) = self.step(ops[i], ops[j], others);
-                    let added = self.size(result) as i128
-                        - self.size(ops[i]) as i128
-                        - self.size(ops[j]) as i128;
+                    let added = self.added(result, ops[i], ops[j]);
                     ((ops[i] & ops[j] == 0, added, flops), (i, j), result)
                 })
                 .min_by_key(|&(key, pair, _)| (key, pair))
@@ -225,8 +232,9 @@ struct Search<'p, 'a> {
     /// Step results by the pair of index sets contracted, as opt_einsum caches them:
     /// computed in the first context a pair is met in, and reused in every other.
     results: HashMap<(Indices, Indices), (Indices, u128)>,
-    best_flops: u128,
-    best_size: u128,
+    /// The best complete path's cost and largest intermediate (`None` until one is found:
+    /// any path beats none, also one whose saturated cost is `u128::MAX`).
+    best: Option<(u128, u128)>,
     best_path: Vec<(usize, usize)>,
     /// `branch`: the lowest cost seen at each depth (by the number of ids made).
     progress: HashMap<usize, u128>,
@@ -245,8 +253,7 @@ impl<'p, 'a> Search<'p, 'a> {
             problem,
             ops: problem.inputs.to_vec(),
             results: HashMap::new(),
-            best_flops: u128::MAX,
-            best_size: u128::MAX,
+            best: None,
             best_path: Vec::new(),
             progress: HashMap::new(),
         }
@@ -313,14 +320,14 @@ impl<'p, 'a> Search<'p, 'a> {
     fn optimal_from(&mut self, remaining: &IdSet, flops: u128, path: &mut Vec<(usize, usize)>) {
         let ids = remaining.ids();
         if ids.len() == 1 {
-            self.best_flops = flops;
+            self.best = Some((flops, 0));
             self.best_path = path.clone();
             return;
         }
         for (i, j) in Self::pairs(&ids) {
             let (result, step) = self.result(i, j, &ids);
             let total = flops.saturating_add(step);
-            if total >= self.best_flops {
+            if self.best.is_some_and(|(best, _)| total >= best) {
                 continue;
             }
             let id = self.ops.len();
@@ -352,7 +359,7 @@ impl<'p, 'a> Search<'p, 'a> {
     ) {
         let ids = remaining.ids();
         if ids.len() == 1 {
-            (self.best_flops, self.best_size) = (flops, size);
+            self.best = Some((flops, size));
             self.best_path = path.clone();
             return;
         }
@@ -392,7 +399,7 @@ impl<'p, 'a> Search<'p, 'a> {
         let result_size = self.problem.size(result);
         let total = flops.saturating_add(step);
         let largest = size.max(result_size);
-        if (total, largest) >= (self.best_flops, self.best_size) {
+        if self.best.is_some_and(|best| (total, largest) >= best) {
             return None;
         }
         let depth = self.ops.len();
@@ -402,9 +409,7 @@ impl<'p, 'a> Search<'p, 'a> {
         } else if total > best_here.saturating_mul(CUTOFF_FLOPS_FACTOR) {
             return None;
         }
-        let added = result_size as i128
-            - self.problem.size(self.ops[i]) as i128
-            - self.problem.size(self.ops[j]) as i128;
+        let added = self.problem.added(result, self.ops[i], self.ops[j]);
         Some((added, step, total, largest, (i, j), result))
     }
 }

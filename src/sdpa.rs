@@ -34,6 +34,9 @@ use crate::tensor::{Storage, Tensor, host_zeros, narrow};
 use crate::trace::{self, Call};
 use crate::{DType, Device, Error, Result};
 
+/// What attention reports in its errors.
+const OP: &str = "scaled_dot_product_attention";
+
 /// What the CPU attention paths report in their errors.
 const OP_CPU: &str = "scaled_dot_product_attention on the CPU";
 
@@ -177,6 +180,17 @@ pub fn sdpa(
     };
     let mut out_shape = query.shape().to_vec();
     *out_shape.last_mut().expect("validated rank") = shape.dv;
+    // Every size the kernels compute from the output's shape then fits.
+    let out_numel = crate::tensor::checked_numel(OP, &out_shape, query.dtype())?;
+    if backend == SdpBackend::Math && out_numel == 0 {
+        // Nothing to write (no query row, or a value dim of 0): the empty result, without
+        // walking rows that hold nothing.
+        return Ok(SdpaOutput {
+            output: Tensor::from_f64(&[], &out_shape, query.dtype(), query.device())?,
+            lse: None,
+            backend,
+        });
+    }
     // Dropout draws one value per weight, B x H x Lq x Lk of them.
     let dropout = (options.dropout_p > 0.0).then(|| {
         let count = [shape.b, shape.h, shape.lq, shape.lk]
@@ -1573,13 +1587,13 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let per = items.len().div_ceil(threads);
     let key_rows = reads_key_rows();
     let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
-    let work = |chunk: Vec<(usize, &mut [f32], &mut [f32])>| {
+    type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
+    let work = |(chunk, mut q_block): Chunk| {
         // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
         // transposed where the kernel reads them so (threads take runs of items of one head).
         let mut k_head = HeadCache::default();
         let mut v_head = HeadCache::default();
         let mut wide = Vec::new();
-        let mut q_block = vec![0f32; BLOCK_M * s.d];
         for (item, o_here, l_here) in chunk {
             let (bh, blk) = (item / blocks, item % blocks);
             let (b, h) = (bh / s.h, bh % s.h);
@@ -1630,14 +1644,27 @@ fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             });
         }
     };
-    // Runs of `per` items, one per thread (the first on the calling thread).
+    // Runs of `per` items, one per thread (the first on the calling thread), each with its
+    // scaled query block, allocated here where a failure is an error (none without rows).
     let mut chunks = Vec::with_capacity(threads);
     let mut rest = items;
     while rest.len() > per {
         let tail = rest.split_off(per);
         chunks.push(std::mem::replace(&mut rest, tail));
     }
-    chunks.push(rest);
+    if !rest.is_empty() {
+        chunks.push(rest);
+    }
+    let block_len = BLOCK_M
+        .checked_mul(s.d)
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP_CPU,
+            detail: format!("head dim {} is too large for a query block", s.d),
+        })?;
+    let chunks: Vec<Chunk> = chunks
+        .into_iter()
+        .map(|chunk| Ok((chunk, host_zeros(OP_CPU, block_len)?)))
+        .collect::<Result<_>>()?;
     crate::threads::for_each(chunks, &work);
     let output = match q.dtype() {
         DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,

@@ -203,6 +203,40 @@ pub(crate) fn host_zeros<T: bytemuck::Zeroable>(op: &'static str, len: usize) ->
     Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
+/// The element count of a tensor of `shape` and `dtype`, or a typed error where the shape's
+/// extent (its element count, and every row-major stride, in bytes) does not fit the
+/// address space: every size and stride computed from a tensor's shape then fits `usize`.
+pub(crate) fn checked_numel(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    // Strides multiply the sizes with 0 read as 1, so their product bounds both.
+    let extent = shape
+        .iter()
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d.max(1)))
+        .filter(|&bytes| bytes <= isize::MAX as usize);
+    if extent.is_none() {
+        return Err(Error::ShapeMismatch {
+            op,
+            detail: format!(
+                "shape {shape:?} of {dtype} spans more than the address space (its element count or \
+                 a stride in bytes overflows); use smaller dimensions"
+            ),
+        });
+    }
+    Ok(shape.iter().product())
+}
+
+/// A host vector of `len` copies of `value`, or [`Error::OutOfMemory`] where the allocation
+/// fails.
+pub(crate) fn host_filled<T: Element>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        device: Device::Cpu,
+        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        why: format!("{op}: the host allocation failed"),
+    })?;
+    out.resize(len, value);
+    Ok(out)
+}
+
 /// Row-major strides of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
@@ -215,7 +249,7 @@ pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 impl Tensor {
     /// A contiguous tensor of `shape` holding `data` (row-major) on `device`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: Device) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel("from_vec", shape, T::DTYPE)?;
         if data.len() != numel {
             return Err(Error::ShapeMismatch {
                 op: "from_vec",
@@ -251,7 +285,7 @@ impl Tensor {
 
     /// A boolean tensor (an attention mask: `true` takes part) of `shape` on `device`.
     pub fn from_bools(values: &[bool], shape: &[usize], device: Device) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel("from_bools", shape, DType::Bool)?;
         if values.len() != numel {
             return Err(Error::ShapeMismatch {
                 op: "from_bools",
@@ -284,9 +318,11 @@ impl Tensor {
         Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
 
-    /// A tensor of `shape` on `device` whose every element is `value`.
+    /// A tensor of `shape` on `device` whose every element is `value` ([`Error::OutOfMemory`]
+    /// where it does not fit).
     pub fn full<T: Element>(value: T, shape: &[usize], device: Device) -> Result<Tensor> {
-        Tensor::from_vec(vec![value; shape.iter().product()], shape, device)
+        let numel = checked_numel("full", shape, T::DTYPE)?;
+        Tensor::from_vec(host_filled("full", numel, value)?, shape, device)
     }
 
     /// Sizes, outermost first.

@@ -30,9 +30,10 @@ fn parse_thread_count(text: &str) -> Option<u32> {
     text.split(',')
         .next()?
         .trim()
-        .parse()
+        .parse::<u32>()
         .ok()
         .filter(|&n| n > 0)
+        .map(|n| n.min(MAX_THREADS as u32))
 }
 
 /// The number of threads the CPU kernels run on.
@@ -46,16 +47,23 @@ pub fn get_num_threads() -> usize {
     }
 }
 
-/// Sets the number of threads the CPU kernels run on (at least 1).
+/// The most threads the CPU kernels run on: a larger request is capped here, with a
+/// warning, as OpenMP caps a request to its thread limit.
+pub const MAX_THREADS: usize = 1024;
+
+/// Sets the number of threads the CPU kernels run on: at least 1 (0 is an error), at most
+/// [`MAX_THREADS`] (more is capped, with a warning).
 pub fn set_num_threads(threads: usize) -> Result<()> {
-    let count = u32::try_from(threads)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| Error::InvalidArgument {
+    if threads == 0 {
+        return Err(Error::InvalidArgument {
             what: "thread count",
-            why: format!("got {threads}; pass a count between 1 and {}", u32::MAX),
-        })?;
-    NUM_THREADS.set(count);
+            why: format!("got 0; pass a count between 1 and {MAX_THREADS}"),
+        });
+    }
+    if threads > MAX_THREADS {
+        log::warn!("set_num_threads({threads}): capped to {MAX_THREADS} threads");
+    }
+    NUM_THREADS.set(threads.min(MAX_THREADS) as u32);
     Ok(())
 }
 
@@ -75,15 +83,18 @@ fn spin_for(policy: Option<&str>) -> Duration {
     }
 }
 
-/// Runs `task(0)`, `task(1)`, ..., `task(count - 1)` at the same time: index 0 on the
-/// calling thread, the others on the pool's workers (started on first use). Returns when
-/// every index has finished; a panic in any is resumed here. The indices may wait on each
-/// other (barriers): each has a thread of its own. Where the pool is busy (a call from
-/// another thread, or from inside a task), the call runs on threads started for it.
-pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize) + Sync)) {
+/// Runs `task(0, team)`, `task(1, team)`, ..., `task(team - 1, team)` at the same time,
+/// for a team of at most `count` threads: index 0 on the calling thread, the others on the
+/// pool's workers (started on first use). Returns when every index has finished; a panic
+/// in any is resumed here. The indices may wait on each other (barriers sized by `team`):
+/// each has a thread of its own. Where the pool is busy (a call from another thread, or
+/// from inside a task), the call runs on threads started for it. Where threads cannot be
+/// started (the process is at its thread limit), the team is the threads there are, down
+/// to the caller alone: no index ever waits on a thread that does not exist.
+pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize, usize) + Sync)) {
     if count <= 1 {
         if count == 1 {
-            task(0);
+            task(0, 1);
         }
         return;
     }
@@ -95,22 +106,22 @@ pub(crate) fn parallel(count: usize, task: &(dyn Fn(usize) + Sync)) {
         Err(TryLockError::WouldBlock) => return scoped(count, task),
     };
     let workers = pool.workers(count - 1);
-    if workers.len() < count - 1 {
-        return scoped(count, task);
-    }
-    let latch = Arc::new(Latch::new(count - 1));
+    let team = workers.len() + 1;
+    let latch = Arc::new(Latch::new(team - 1));
     // SAFETY: only the lifetime is erased. The workers call the task before they count the
     // latch down, and this function returns only once the latch reached zero, so no worker
     // uses the task after its borrow ends.
-    let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(task) };
-    for (index, worker) in (1..count).zip(&workers) {
+    let erased: *const (dyn Fn(usize, usize) + Sync + 'static) =
+        unsafe { std::mem::transmute(task) };
+    for (index, worker) in (1..team).zip(&workers) {
         worker.give(Job {
             task: erased,
             index,
+            team,
             latch: Arc::clone(&latch),
         });
     }
-    let own = catch_unwind(AssertUnwindSafe(|| task(0)));
+    let own = catch_unwind(AssertUnwindSafe(|| task(0, team)));
     latch.wait();
     if let Err(panic) = own {
         resume_unwind(panic);
@@ -125,34 +136,71 @@ pub(crate) fn workers_started() -> usize {
     lock(&Pool::get().workers).started.len()
 }
 
-/// [`parallel`] on threads started for the call.
-fn scoped(count: usize, task: &(dyn Fn(usize) + Sync)) {
+/// [`parallel`] on threads started for the call: the team is the caller and every thread
+/// that could be started; the started ones wait until the team is known.
+fn scoped(count: usize, task: &(dyn Fn(usize, usize) + Sync)) {
     let panic = Mutex::new(None);
-    let run = |index| {
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| task(index))) {
+    let run = |index, team| {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| task(index, team))) {
             lock(&panic).get_or_insert(payload);
         }
     };
-    std::thread::scope(|s| {
-        for index in 1..count {
-            s.spawn(move || run(index));
+    let team_size: (Mutex<Option<usize>>, Condvar) = (Mutex::new(None), Condvar::new());
+    let team_of = || {
+        let mut known = lock(&team_size.0);
+        loop {
+            if let Some(team) = *known {
+                return team;
+            }
+            known = team_size
+                .1
+                .wait(known)
+                .unwrap_or_else(PoisonError::into_inner);
         }
-        run(0);
+    };
+    let (run, team_of) = (&run, &team_of);
+    std::thread::scope(|s| {
+        let mut team = 1;
+        for index in 1..count {
+            let started = !spawn_refused()
+                && std::thread::Builder::new()
+                    .spawn_scoped(s, move || run(index, team_of()))
+                    .is_ok();
+            if !started {
+                break;
+            }
+            team += 1;
+        }
+        *lock(&team_size.0) = Some(team);
+        team_size.1.notify_all();
+        run(0, team);
     });
     if let Some(payload) = lock(&panic).take() {
         resume_unwind(payload);
     }
 }
 
-/// Runs `work` on every item at the same time: the first on the calling thread, the others
-/// on the pool (see [`parallel`]).
+/// Runs `work` on every item, one thread per item where there are threads enough: the
+/// first on the calling thread, the others on the pool (see [`parallel`]); a smaller team
+/// takes the items in turns.
 pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
     let slots: Vec<Mutex<Option<I>>> = items.into_iter().map(|i| Mutex::new(Some(i))).collect();
-    parallel(slots.len(), &|index| {
-        if let Some(item) = lock(&slots[index]).take() {
-            work(item);
+    parallel(slots.len(), &|index, team| {
+        for slot in slots.iter().skip(index).step_by(team) {
+            if let Some(item) = lock(slot).take() {
+                work(item);
+            }
         }
     });
+}
+
+/// Whether starting a thread is refused on this thread (unit tests simulate a process at
+/// its thread limit with it; never otherwise).
+fn spawn_refused() -> bool {
+    #[cfg(test)]
+    return tests::REFUSE_SPAWN.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
 }
 
 /// Locks a mutex whether or not a panicking thread poisoned it (the pool resumes panics
@@ -201,12 +249,13 @@ impl Pool {
             let worker = Arc::new(Worker::default());
             let theirs = Arc::clone(&worker);
             let name = format!("backends-worker-{}", workers.len() + 1);
-            // A worker that cannot start leaves the pool smaller (the call then starts its
-            // own threads).
-            if std::thread::Builder::new()
-                .name(name)
-                .spawn(move || theirs.serve())
-                .is_err()
+            // A worker that cannot start leaves the pool smaller: calls run with the
+            // workers there are.
+            if spawn_refused()
+                || std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || theirs.serve())
+                    .is_err()
             {
                 break;
             }
@@ -218,8 +267,9 @@ impl Pool {
 
 /// One index of a call, handed to a worker.
 struct Job {
-    task: *const (dyn Fn(usize) + Sync),
+    task: *const (dyn Fn(usize, usize) + Sync),
     index: usize,
+    team: usize,
     latch: Arc<Latch>,
 }
 
@@ -257,7 +307,7 @@ impl Worker {
             let job = self.next_job();
             // SAFETY: the task outlives the job until the latch is counted down below.
             let task = unsafe { &*job.task };
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| task(job.index))) {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| task(job.index, job.team))) {
                 *lock(&job.latch.panic) = Some(panic);
             }
             job.latch.count_down();
@@ -341,18 +391,58 @@ mod tests {
         assert_eq!(parse_thread_count("many"), None);
     }
 
+    thread_local! {
+        /// Set by a test: starting a thread from this thread fails, as at the process's
+        /// thread limit.
+        pub(super) static REFUSE_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Runs `parallel(count)` with every index meeting at a barrier of the team's size;
+    /// returns the team and how often each index ran.
+    fn meet(count: usize) -> (usize, Vec<usize>) {
+        let barrier = OnceLock::new();
+        let team_seen = AtomicUsize::new(0);
+        let seen: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
+        parallel(count, &|index, team| {
+            // Every index waits for all the others: they must run at the same time.
+            barrier.get_or_init(|| std::sync::Barrier::new(team)).wait();
+            team_seen.store(team, Ordering::Relaxed);
+            seen[index].fetch_add(1, Ordering::Relaxed);
+        });
+        let seen = seen.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+        (team_seen.load(Ordering::Relaxed), seen)
+    }
+
     #[test]
     fn parallel_runs_every_index_at_once_and_again() {
         for count in [1, 2, 5, 3] {
-            let barrier = std::sync::Barrier::new(count);
-            let seen: Vec<AtomicUsize> = (0..count).map(|_| AtomicUsize::new(0)).collect();
-            parallel(count, &|index| {
-                // Every index waits for all the others: they must run at the same time.
-                barrier.wait();
-                seen[index].fetch_add(1, Ordering::Relaxed);
-            });
-            assert!(seen.iter().all(|n| n.load(Ordering::Relaxed) == 1));
+            assert_eq!(meet(count), (count, vec![1; count]));
         }
+    }
+
+    #[test]
+    fn without_new_threads_calls_run_with_the_threads_there_are() {
+        REFUSE_SPAWN.with(|r| r.set(true));
+        // More than the pool can have started: the team is the workers there are (maybe
+        // none) and the caller; each team index runs once, the rest never.
+        let count = 3 * MAX_THREADS;
+        let (team, seen) = meet(count);
+        assert!((1..count).contains(&team), "team {team}");
+        assert!(seen[..team].iter().all(|&n| n == 1));
+        assert!(seen[team..].iter().all(|&n| n == 0));
+        // Every item still gets its call, on the team there is.
+        let done = AtomicUsize::new(0);
+        for_each((0..count).collect(), &|_| {
+            done.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(done.load(Ordering::Relaxed), count);
+        // With the pool busy, a call starts threads of its own: none here, so the caller
+        // runs alone.
+        let pool = Pool::get();
+        let held = lock(&pool.busy);
+        assert_eq!(meet(4), (1, vec![1, 0, 0, 0]));
+        drop(held);
+        REFUSE_SPAWN.with(|r| r.set(false));
     }
 
     #[test]
@@ -361,8 +451,8 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..3 {
                 s.spawn(|| {
-                    parallel(2, &|_| {
-                        parallel(3, &|_| {
+                    parallel(2, &|_, _| {
+                        parallel(3, &|_, _| {
                             total.fetch_add(1, Ordering::Relaxed);
                         })
                     })
@@ -375,7 +465,7 @@ mod tests {
     #[test]
     fn a_panic_in_a_worker_reaches_the_caller_and_the_pool_goes_on() {
         let caught = catch_unwind(|| {
-            parallel(3, &|index| {
+            parallel(3, &|index, _| {
                 if index == 2 {
                     panic!("worker two fails");
                 }
@@ -384,7 +474,7 @@ mod tests {
         let message = caught.expect_err("the panic is resumed on the caller");
         assert_eq!(message.downcast_ref::<&str>(), Some(&"worker two fails"));
         let ran = AtomicUsize::new(0);
-        parallel(3, &|_| {
+        parallel(3, &|_, _| {
             ran.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(ran.load(Ordering::Relaxed), 3);
@@ -392,7 +482,7 @@ mod tests {
         // (other tests may hold the pool for a moment: try a few times).
         let on_workers = (0..200).any(|_| {
             let named = AtomicUsize::new(0);
-            parallel(2, &|index| {
+            parallel(2, &|index, _| {
                 let name = std::thread::current().name().map(str::to_owned);
                 if index == 1 && name.is_some_and(|n| n.starts_with("backends-worker")) {
                     named.fetch_add(1, Ordering::Relaxed);

@@ -203,3 +203,40 @@ fn sdpa_reports_bad_input_as_an_error() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("backends sdpa:"), "{stderr}");
 }
+
+/// The binary's own input handling: huge shapes and counts are typed errors (exit 1 with a
+/// message), never a panic or an abort.
+#[test]
+fn huge_shapes_and_counts_are_errors_not_crashes() {
+    for (args, says) in [
+        (
+            &["sdpa", "--shape", "1,1,1,1,100000000000"][..],
+            "out of memory",
+        ),
+        (
+            &["sdpa", "--shape", "1000000,1000000,1000000,1000000,1000000"],
+            "more elements than memory can address",
+        ),
+        (
+            &[
+                "run-cpu",
+                "--ninstances",
+                "9223372036854775809",
+                "--ncores-per-instance",
+                "2",
+                "--",
+                "true",
+            ],
+            "do not fit",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

@@ -338,6 +338,10 @@ fn num_threads_setter() {
         !backends::openmp::is_available(),
         "one thread is not multi-threaded"
     );
+    // 0 is an error; a count past the limit is capped, as OpenMP caps it.
+    assert!(backends::set_num_threads(0).is_err());
+    backends::set_num_threads(10_000).unwrap();
+    assert_eq!(backends::get_num_threads(), backends::MAX_THREADS);
     backends::NUM_THREADS.set(before);
 }
 

@@ -125,6 +125,9 @@ pub enum Reason {
     Dropout(f64),
     /// The backend does not do grouped-query attention.
     Gqa,
+    /// A head dim of 0: every score is 0 times the scale (NaN at the default scale), which
+    /// only math computes as PyTorch does.
+    ZeroHeadDim,
     /// A zero-length sequence.
     ZeroLength {
         /// Query length.
@@ -195,6 +198,7 @@ impl fmt::Display for Reason {
             ),
             Reason::Dropout(p) => write!(f, "does not support dropout; got dropout_p {p}"),
             Reason::Gqa => write!(f, "does not support enable_gqa"),
+            Reason::ZeroHeadDim => write!(f, "does not support a head dim of 0"),
             Reason::ZeroLength { lq, lk } => {
                 write!(
                     f,
@@ -380,6 +384,9 @@ fn common(p: &SDPAParams, caps: &DeviceCaps, reasons: &mut Vec<Reason>) {
     }
     if lq == 0 || lk == 0 {
         reasons.push(Reason::ZeroLength { lq, lk });
+    }
+    if p.query.shape.last() == Some(&0) {
+        reasons.push(Reason::ZeroHeadDim);
     }
     let strides = [&p.query, &p.key, &p.value].map(|t| t.strides.last().copied().unwrap_or(1));
     if strides.iter().any(|&s| s != 1) {

@@ -115,11 +115,14 @@ fn distinct(values: impl Iterator<Item = usize>) -> usize {
     v.len()
 }
 
-/// Parses a Linux CPU list such as `0-3,8,10-11`.
+/// CPU ids run below this (Linux's `CONFIG_NR_CPUS` is at most 8192).
+const MAX_CPU_ID: usize = 1 << 16;
+
+/// Parses a Linux CPU list such as `0-3,8,10-11` (ids below 65536).
 pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>> {
     let bad = || Error::InvalidArgument {
         what: "CPU list",
-        why: format!("{text:?} is not a list like 0-3,8,10-11"),
+        why: format!("{text:?} is not a list like 0-3,8,10-11 of CPU ids below {MAX_CPU_ID}"),
     };
     let mut cpus = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -127,12 +130,18 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<usize>> {
             Some((a, b)) => {
                 let (a, b): (usize, usize) =
                     (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-                if a > b {
+                if a > b || b >= MAX_CPU_ID {
                     return Err(bad());
                 }
                 cpus.extend(a..=b);
             }
-            None => cpus.push(part.parse().map_err(|_| bad())?),
+            None => {
+                let cpu: usize = part.parse().map_err(|_| bad())?;
+                if cpu >= MAX_CPU_ID {
+                    return Err(bad());
+                }
+                cpus.push(cpu);
+            }
         }
     }
     Ok(cpus)
@@ -161,6 +170,8 @@ mod tests {
         assert_eq!(parse_cpu_list("").unwrap(), Vec::<usize>::new());
         assert!(parse_cpu_list("3-1").is_err());
         assert!(parse_cpu_list("a").is_err());
+        assert!(parse_cpu_list("0-100000000000").is_err());
+        assert!(parse_cpu_list("65536").is_err());
     }
 
     #[test]

@@ -181,7 +181,7 @@ fn layout(options: &RunCpuOptions, cpus: &[LogicalCpu]) -> Result<(usize, usize)
             both => both,
         }
     };
-    if ni == 0 || nc == 0 || ni * nc > total {
+    if ni == 0 || nc == 0 || ni.checked_mul(nc).is_none_or(|cores| cores > total) {
         return Err(invalid(format!(
             "{ni} instance(s) of {nc} core(s) do not fit the {total} usable CPUs; lower \
              --ninstances or --ncores-per-instance (or pass --use-logical-core)"
