@@ -519,7 +519,9 @@ fn transform(
     direction: Direction,
 ) -> Result<()> {
     let sizes = shape[shape.len() - dims..].to_vec();
-    if sizes.contains(&0) {
+    // No signal (a batch of 0, or a length of 0): nothing to plan, however long the other
+    // dimensions are.
+    if values.is_empty() {
         return Ok(());
     }
     let key = PlanKey {

@@ -101,6 +101,10 @@ fn einsum_and_fft_edge_cases() {
     .unwrap();
     assert_eq!(p.naive_flops, u128::MAX);
     assert_eq!(p.optimized_flops, u128::MAX);
+    // No signal but a huge length (found by the fuzz test): nothing is planned.
+    let none = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 40, 2], Device::Cpu).unwrap();
+    let out = no_panic("fft of [0, 2^40, 2]", || fft::fft(&none)).unwrap();
+    assert_eq!(out.shape(), &[0, 1 << 40, 2]);
     let empty = Tensor::from_vec(Vec::<f32>::new(), &[3, 0, 2], Device::Cpu).unwrap();
     let out = no_panic("irfft of [3, 0, 2]", || fft::irfft(&empty, Some(4)));
     assert!(out.is_err());
