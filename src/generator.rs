@@ -50,7 +50,7 @@ impl Draw {
 }
 
 /// SplitMix64's finaliser: a bijection of 64-bit words that mixes every input bit.
-pub(crate) fn splitmix64(x: u64) -> u64 {
+fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

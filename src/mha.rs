@@ -429,10 +429,7 @@ fn composed(
                 *x * scale
             };
         }
-        let max = row.iter().fold(
-            f64::NEG_INFINITY,
-            |m, &x| if x > m || x.is_nan() { x } else { m },
-        );
+        let max = crate::sdpa::row_max(row);
         if max == f64::NEG_INFINITY && !options.need_weights {
             // No visible key: 0, as SDPA's safe softmax gives (PyTorch's path without
             // weights); with weights PyTorch's plain softmax gives NaN, and so does this.

@@ -492,6 +492,7 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
     };
     let mut out = host_zeros(OP_CPU, s.b * s.h * s.lq * s.dv)?;
     let mut weights = host_zeros(OP_CPU, s.lk)?;
+    let dropout_key = job.dropout.map(Draw::key);
     for b in 0..s.b {
         for h in 0..s.h {
             let hk = s.kv_head(h);
@@ -509,13 +510,8 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
                     }
                     *w = x;
                 }
-                // A NaN score makes the row NaN (the max keeps it); a row that sees no key
-                // (max -inf, no NaN) stays 0, as PyTorch's safe softmax gives.
-                let max =
-                    weights.iter().fold(
-                        f64::NEG_INFINITY,
-                        |m, &w| if w > m || w.is_nan() { w } else { m },
-                    );
+                // A row that sees no key (max -inf) stays 0, as PyTorch's safe softmax gives.
+                let max = row_max(&weights);
                 let orow = &mut out[((b * s.h + h) * s.lq + i) * s.dv..][..s.dv];
                 if max == f64::NEG_INFINITY {
                     continue;
@@ -523,9 +519,9 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
                 let sum: f64 = weights.iter().map(|w| (w - max).exp()).sum();
                 for (j, w) in weights.iter().enumerate() {
                     let mut p = round((w - max).exp() / sum);
-                    if let Some(draw) = job.dropout {
+                    if let Some(key) = dropout_key {
                         let index = (((b * s.h + h) * s.lq + i) * s.lk + j) as u64;
-                        p = if keep(draw.key(), index, o.dropout_p) {
+                        p = if keep(key, index, o.dropout_p) {
                             p / (1.0 - o.dropout_p)
                         } else {
                             0.0
@@ -543,6 +539,17 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
         }
     }
     Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)
+}
+
+/// The maximum of a row of scores for its softmax: NaN if any score is (so that the row
+/// comes out NaN), -inf for a row that sees no key.
+pub(crate) fn row_max(scores: &[f64]) -> f64 {
+    scores.iter().fold(
+        f64::NEG_INFINITY,
+        |m, &x| {
+            if x > m || x.is_nan() { x } else { m }
+        },
+    )
 }
 
 /// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with [`EXP2_POLY`] for 2^f

@@ -72,8 +72,8 @@ impl DeviceCaps {
 pub enum Reason {
     /// Turned off (`enable_*_sdp(false)` or outside an `sdpa_kernel` list).
     Disabled,
-    /// cuDNN attention while `cudnn::set_enabled(false)` (or a `cudnn::flags` guard) turns
-    /// cuDNN off.
+    /// cuDNN attention while `cudnn.enabled` is off (`cudnn::ENABLED`, or a `cudnn::flags`
+    /// guard).
     CudnnDisabled,
     /// A backend that is not deterministic while deterministic algorithms are required
     /// (`use_deterministic_algorithms(true, false)` or `cudnn::deterministic`).
