@@ -13,7 +13,7 @@
 //! the host.
 
 use crate::opt_einsum::{self, ContractionPath, Indices, Problem, bits};
-use crate::tensor::host_zeros;
+use crate::tensor::{checked_numel, contiguous_strides, host_zeros};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// What einsum's errors name.
@@ -251,7 +251,7 @@ impl Operand {
                 labels.push(l);
             }
         }
-        let raw_strides = row_major_strides(shape);
+        let raw_strides = contiguous_strides(shape);
         let strides: Vec<usize> = labels
             .iter()
             .map(|&l| {
@@ -282,7 +282,7 @@ impl Operand {
             .filter(|&l| keep >> l & 1 == 1)
             .collect();
         let kept_shape: Vec<usize> = labels.iter().map(|&l| sizes[l as usize]).collect();
-        let kept_strides = row_major_strides(&kept_shape);
+        let kept_strides = contiguous_strides(&kept_shape);
         let to: Vec<usize> = self
             .labels
             .iter()
@@ -301,7 +301,7 @@ impl Operand {
 
     /// Its values with the dimensions in `order` (a permutation of its labels).
     fn permuted(&self, order: &[u8], sizes: &[usize; 64]) -> Result<Vec<f64>> {
-        let strides = row_major_strides(&self.shape(sizes));
+        let strides = contiguous_strides(&self.shape(sizes));
         let by_label: Vec<usize> = order
             .iter()
             .map(|l| {
@@ -317,28 +317,10 @@ impl Operand {
     }
 }
 
-/// Row-major strides (saturating: past a dimension of size 0 they are never used).
-fn row_major_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);
-    }
-    strides
-}
-
-/// The element count of an operand or intermediate of `shape`, or a typed error where it
-/// overflows.
+/// The element count of an operand or intermediate (f64) of `shape`, or a typed error where
+/// its extent overflows the address space.
 fn elements(shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| Error::ShapeMismatch {
-            op: OP,
-            detail: format!(
-                "an operand or intermediate of shape {shape:?} has more elements than memory can \
-                 address; use smaller operands"
-            ),
-        })
+    checked_numel(OP, shape, DType::F64)
 }
 
 /// Calls `f(linear index, Σ index·strides)` for every index of `shape` in row-major order.

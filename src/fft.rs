@@ -19,7 +19,12 @@ use std::collections::HashMap;
 use std::f64::consts::PI;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
+use crate::tensor::{checked_numel, host_filled};
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// Host buffers here are sized by the caller's lengths (irfft's `n` above all): they are
+/// allocated fallibly, so a length too long for the machine is [`Error::OutOfMemory`].
+const OP: &str = "fft";
 
 /// A complex number (real, imaginary).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -50,21 +55,19 @@ struct Radix2 {
 }
 
 impl Radix2 {
-    fn new(n: usize) -> Radix2 {
+    fn new(n: usize) -> Result<Radix2> {
         let bits = n.trailing_zeros();
-        let reversed = (0..n)
-            .map(|i| {
-                if n == 1 {
-                    0
-                } else {
-                    i.reverse_bits() >> (usize::BITS - bits)
-                }
-            })
-            .collect();
-        let twiddles = (0..n / 2)
-            .map(|j| C::unit(-2.0 * PI * j as f64 / n as f64))
-            .collect();
-        Radix2 { twiddles, reversed }
+        let mut reversed = host_filled(OP, n, 0)?;
+        if n > 1 {
+            for (i, r) in reversed.iter_mut().enumerate() {
+                *r = i.reverse_bits() >> (usize::BITS - bits);
+            }
+        }
+        let mut twiddles = host_filled(OP, n / 2, C::default())?;
+        for (j, w) in twiddles.iter_mut().enumerate() {
+            *w = C::unit(-2.0 * PI * j as f64 / n as f64);
+        }
+        Ok(Radix2 { twiddles, reversed })
     }
 
     fn run(&self, x: &mut [C]) {
@@ -109,33 +112,46 @@ pub struct FftPlan {
 }
 
 impl FftPlan {
-    fn new(n: usize) -> FftPlan {
+    /// The plan for length `n` (≥ 1; `n` complex values fit the address space, as the
+    /// signal holding them does).
+    fn new(n: usize) -> Result<FftPlan> {
         if n.is_power_of_two() {
-            return FftPlan {
+            return Ok(FftPlan {
                 n,
-                kernel: Kernel::Radix2(Radix2::new(n)),
-            };
+                kernel: Kernel::Radix2(Radix2::new(n)?),
+            });
         }
         let m = (2 * n - 1).next_power_of_two();
-        // w_k = e^{-iπ k²/n}, with k² taken mod 2n to keep the angle small.
-        let chirp: Vec<C> = (0..n)
-            .map(|k| C::unit(-PI * ((k * k) % (2 * n)) as f64 / n as f64))
-            .collect();
-        let inner = Radix2::new(m);
-        let mut filter = vec![C::default(); m];
+        // w_k = e^{-iπ k²/n}, with k² taken mod 2n (in u128: k² overflows usize for long
+        // signals) to keep the angle small.
+        let mut chirp = host_filled(OP, n, C::default())?;
+        for (k, w) in chirp.iter_mut().enumerate() {
+            let phase = (k as u128 * k as u128) % (2 * n as u128);
+            *w = C::unit(-PI * phase as f64 / n as f64);
+        }
+        let inner = Radix2::new(m)?;
+        let mut filter = host_filled(OP, m, C::default())?;
         filter[0] = chirp[0].conj();
         for k in 1..n {
             filter[k] = chirp[k].conj();
             filter[m - k] = chirp[k].conj();
         }
         inner.run(&mut filter);
-        FftPlan {
+        Ok(FftPlan {
             n,
             kernel: Kernel::Bluestein {
                 chirp,
                 inner,
                 filter,
             },
+        })
+    }
+
+    /// The scratch length [`FftPlan::apply`] needs.
+    fn scratch_len(&self) -> usize {
+        match &self.kernel {
+            Kernel::Radix2(_) => 0,
+            Kernel::Bluestein { filter, .. } => filter.len(),
         }
     }
 
@@ -149,8 +165,9 @@ impl FftPlan {
         self.n == 0
     }
 
-    /// The forward DFT of `x` in place (`x.len() == n`).
-    fn forward(&self, x: &mut [C]) {
+    /// The forward DFT of `x` in place (`x.len() == n`), with `scratch` of
+    /// [`FftPlan::scratch_len`].
+    fn forward(&self, x: &mut [C], scratch: &mut [C]) {
         match &self.kernel {
             Kernel::Radix2(r) => r.run(x),
             Kernel::Bluestein {
@@ -159,16 +176,17 @@ impl FftPlan {
                 filter,
             } => {
                 let m = filter.len();
-                let mut a = vec![C::default(); m];
+                let a = scratch;
+                a.fill(C::default());
                 for k in 0..self.n {
                     a[k] = x[k].mul(chirp[k]);
                 }
-                inner.run(&mut a);
+                inner.run(a);
                 for (v, f) in a.iter_mut().zip(filter) {
                     *v = v.mul(*f).conj();
                 }
                 // The inverse FFT as conj(FFT(conj(·))) / m.
-                inner.run(&mut a);
+                inner.run(a);
                 for k in 0..self.n {
                     x[k] = a[k].conj().mul(chirp[k]);
                     x[k] = C(x[k].0 / m as f64, x[k].1 / m as f64);
@@ -178,12 +196,12 @@ impl FftPlan {
     }
 
     /// The DFT (or with `inverse`, the inverse DFT divided by n) of `x` in place.
-    fn apply(&self, x: &mut [C], inverse: bool) {
+    fn apply(&self, x: &mut [C], scratch: &mut [C], inverse: bool) {
         if !inverse {
-            return self.forward(x);
+            return self.forward(x, scratch);
         }
         x.iter_mut().for_each(|v| *v = v.conj());
-        self.forward(x);
+        self.forward(x, scratch);
         let n = self.n as f64;
         x.iter_mut().for_each(|v| *v = C(v.0 / n, -v.1 / n));
     }
@@ -491,23 +509,31 @@ fn to_tensor(values: &[C], shape: &[usize], like: &Tensor) -> Result<Tensor> {
 }
 
 /// Transforms every length-`plan.len()` line along `axis` of `data` (complex, `shape`).
-fn along(data: &mut [C], shape: &[usize], axis: usize, plan: &FftPlan, inverse: bool) {
+fn along(
+    data: &mut [C],
+    shape: &[usize],
+    axis: usize,
+    plan: &FftPlan,
+    inverse: bool,
+) -> Result<()> {
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     let outer: usize = shape[..axis].iter().product();
-    let mut line = vec![C::default(); n];
+    let mut line = host_filled(OP, n, C::default())?;
+    let mut scratch = host_filled(OP, plan.scratch_len(), C::default())?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |k: usize| (o * n + k) * inner + i;
             for (k, v) in line.iter_mut().enumerate() {
                 *v = data[at(k)];
             }
-            plan.apply(&mut line, inverse);
+            plan.apply(&mut line, &mut scratch, inverse);
             for (k, v) in line.iter().enumerate() {
                 data[at(k)] = *v;
             }
         }
     }
+    Ok(())
 }
 
 /// Transforms the last `dims` dimensions of complex `values` of complex shape `shape`.
@@ -534,7 +560,10 @@ fn transform(
     let plans = plan_cache(x.device()).get(key, || {
         crate::verbose::creation_event(|| format!("fft plan {sizes:?} {direction:?}"));
         Ok(CachedPlan::Host(
-            sizes.iter().map(|&n| FftPlan::new(n)).collect(),
+            sizes
+                .iter()
+                .map(|&n| FftPlan::new(n))
+                .collect::<Result<_>>()?,
         ))
     })?;
     // (Without the `cuda` feature the host plan is the only kind.)
@@ -544,7 +573,7 @@ fn transform(
     };
     let inverse = matches!(direction, Direction::Inverse | Direction::RealInverse);
     for (d, plan) in plans.iter().enumerate() {
-        along(values, shape, shape.len() - dims + d, plan, inverse);
+        along(values, shape, shape.len() - dims + d, plan, inverse)?;
     }
     Ok(())
 }
@@ -636,8 +665,11 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
             format!("the output length is 0 (half-spectrum of {m}); pass n ≥ 1"),
         ));
     }
-    let lines = values.len() / m;
-    let mut full = vec![C::default(); lines * n];
+    let mut out_shape = shape.to_vec();
+    *out_shape.last_mut().expect("rank checked") = n;
+    // n is the caller's: the result must fit the address space and the memory.
+    let out_numel = checked_numel("irfft", &out_shape, x.dtype())?;
+    let mut full = host_filled("irfft", out_numel, C::default())?;
     for (line, spectrum) in full.chunks_mut(n).zip(values.chunks(m)) {
         for (k, slot) in line.iter_mut().enumerate() {
             // Hermitian: X[n - k] = conj(X[k]); coefficients past the half-spectrum are 0.
@@ -655,8 +687,6 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
             line[n / 2].1 = 0.0;
         }
     }
-    let mut out_shape = shape.to_vec();
-    *out_shape.last_mut().expect("rank checked") = n;
     match place {
         Place::Host => {}
         #[cfg(feature = "cuda")]
@@ -683,7 +713,10 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
         }
     }
     transform(x, &mut full, &out_shape, 1, Direction::RealInverse)?;
-    let real: Vec<f64> = full.iter().map(|c| c.0).collect();
+    let mut real = host_filled("irfft", out_numel, 0.0)?;
+    for (r, c) in real.iter_mut().zip(&full) {
+        *r = c.0;
+    }
     Tensor::from_f64(&real, &out_shape, x.dtype(), x.device())
 }
 
@@ -694,9 +727,10 @@ mod tests {
     #[test]
     fn one_point_and_two_point_transforms() {
         for n in [1, 2, 3] {
-            let plan = FftPlan::new(n);
+            let plan = FftPlan::new(n).unwrap();
             let mut x: Vec<C> = (0..n).map(|i| C(i as f64 + 1.0, 0.0)).collect();
-            plan.apply(&mut x, false);
+            let mut scratch = vec![C::default(); plan.scratch_len()];
+            plan.apply(&mut x, &mut scratch, false);
             let sum: f64 = (1..=n).map(|i| i as f64).sum();
             assert!((x[0].0 - sum).abs() < 1e-12 && x[0].1.abs() < 1e-12);
         }

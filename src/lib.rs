@@ -19,6 +19,22 @@
 //! - queries (`is_built`, `is_available`, `version`) never panic: a missing library,
 //!   driver or device gives `false` / `None`.
 //!
+//! No input takes the caller's process down: bad input is a typed [`Error`]. Sizes follow
+//! one rule (chosen over `clippy::arithmetic_side_effects`, whose 450 sites are mostly
+//! kernel indexing that the rule already bounds, and where wrapping or checked forms would
+//! hide real indexing bugs instead of catching them):
+//! - a tensor's extent (element count, and each row-major stride, in bytes) fits
+//!   `isize::MAX`, checked where a tensor is made; so any index arithmetic inside one
+//!   tensor cannot overflow;
+//! - a size that combines several inputs (a product's output, attention's output and
+//!   scores, an einsum intermediate, irfft's `n`, MHA's `3E`) is checked the same way
+//!   before anything is computed from it;
+//! - host buffers sized by the input are allocated fallibly ([`Error::OutOfMemory`]), and
+//!   the thread pool runs with the threads it could start.
+//!
+//! `tests/fuzz.rs` calls every entry point with random valid and invalid input in a child
+//! process; `tests/robustness.rs` keeps every input that once crashed.
+//!
 //! ```
 //! use backends::attention::{SdpBackend, sdpa_kernel};
 //!

@@ -61,18 +61,10 @@ impl Problem {
         [a[0], a[1], a[2], b[0], b[1], b[2], self.m * self.n, self.n]
     }
 
-    /// The number of output elements (batch x M x N), or an error where it overflows.
-    fn outputs(&self) -> Result<usize> {
-        self.batch
-            .checked_mul(self.m)
-            .and_then(|x| x.checked_mul(self.n))
-            .ok_or_else(|| Error::ShapeMismatch {
-                op: "matmul",
-                detail: format!(
-                    "{} x {} x {} outputs overflow the address space",
-                    self.batch, self.m, self.n
-                ),
-            })
+    /// The number of output elements (batch x M x N; it fits: the problem's construction
+    /// checked the output's extent).
+    fn outputs(&self) -> usize {
+        self.batch * self.m * self.n
     }
 }
 
@@ -123,6 +115,9 @@ fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
     } else {
         vec![batch, m, n]
     };
+    // The output's size in bytes fits the address space (then every product of its
+    // dimensions below does too), or the call is an error.
+    crate::tensor::checked_numel("matmul", &out_shape, a.dtype())?;
     Ok(Problem {
         batch,
         m,
@@ -225,7 +220,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                 precision: "f64".into(),
             };
             trace::kernel(describe, || {
-                let mut out = host_zeros::<f64>("matmul", p.outputs()?)?;
+                let mut out = host_zeros::<f64>("matmul", p.outputs())?;
                 each_batch(
                     p,
                     a.cpu_data::<f64>(),
@@ -288,7 +283,7 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
-        let mut out = host_zeros::<f32>("matmul", p.outputs()?)?;
+        let mut out = host_zeros::<f32>("matmul", p.outputs())?;
         each_batch(
             p,
             a.cpu_data::<T>(),
@@ -366,13 +361,13 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         .wgsl
         .as_ref()
         .expect("the wgpu GEMM variants have WGSL");
-    let out_bytes = p.batch * p.m * p.n * a.dtype().size();
+    let out_bytes = p.outputs() * a.dtype().size();
     let out = if p.k == 0 {
         crate::gpu::Buffer::zeroed(gpu, out_bytes)?
     } else {
         crate::gpu::Buffer::output(gpu, out_bytes)?
     };
-    if p.batch * p.m * p.n > 0 && p.k > 0 {
+    if p.outputs() > 0 && p.k > 0 {
         let fits = |v: usize| {
             u32::try_from(v).map_err(|_| Error::ShapeMismatch {
                 op: "matmul on wgpu",

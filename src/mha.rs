@@ -16,8 +16,11 @@
 //! output alike, and so does this.
 
 use crate::flag::Flag;
+use crate::tensor::host_zeros;
 use crate::trace::{self, Call};
 use crate::{DType, Error, Result, SdpaOptions, Tensor, matmul};
+
+const OP: &str = "multi_head_attention_forward";
 
 /// The fused MHA path (one QKV projection + SDPA) may run when its conditions hold.
 pub static FASTPATH: Flag<bool> = Flag::new("mha.fastpath_enabled", true, None);
@@ -93,10 +96,7 @@ struct Dims {
 }
 
 fn shape_error(detail: String) -> Error {
-    Error::ShapeMismatch {
-        op: "multi_head_attention_forward",
-        detail,
-    }
+    Error::ShapeMismatch { op: OP, detail }
 }
 
 fn dims(
@@ -148,10 +148,19 @@ fn dims(
             )))
         }
     };
-    expect(w.in_proj_weight, &[3 * e, e], "in_proj_weight")?;
+    // Every size below fits the address space, or the call is an error: the packed input
+    // projection [3E, E] and the attention scores [N, H, L, S] (which bound every
+    // per-head buffer and the averaged weights).
+    let three_e = e.checked_mul(3).ok_or_else(|| {
+        shape_error(format!(
+            "an embedding size of {e} overflows the packed projection's 3E"
+        ))
+    })?;
+    crate::tensor::checked_numel(OP, &[n, heads, l, s], DType::F64)?;
+    expect(w.in_proj_weight, &[three_e, e], "in_proj_weight")?;
     expect(w.out_proj_weight, &[e, e], "out_proj_weight")?;
     if let Some(b) = w.in_proj_bias {
-        expect(b, &[3 * e], "in_proj_bias")?;
+        expect(b, &[three_e], "in_proj_bias")?;
     }
     if let Some(b) = w.out_proj_bias {
         expect(b, &[e], "out_proj_bias")?;
@@ -163,14 +172,14 @@ fn dims(
     {
         if t.dtype() != query.dtype() {
             return Err(Error::DTypeMismatch {
-                op: "multi_head_attention_forward",
+                op: OP,
                 expected: query.dtype(),
                 got: t.dtype(),
             });
         }
         if t.device() != query.device() {
             return Err(Error::DeviceMismatch {
-                op: "multi_head_attention_forward",
+                op: OP,
                 a: query.device(),
                 b: t.device(),
             });
@@ -221,22 +230,25 @@ fn as_rows(x: &Tensor, width: usize) -> Result<Tensor> {
 }
 
 /// `[N, len, E]` rows (head h's columns `h·D..(h+1)·D`) to `[N, H, len, D]`.
-fn split_heads(x: &[f64], dm: &Dims, len: usize, width: usize, offset: usize) -> Vec<f64> {
-    let mut out = Vec::with_capacity(dm.n * dm.h * len * dm.d);
+fn split_heads(x: &[f64], dm: &Dims, len: usize, width: usize, offset: usize) -> Result<Vec<f64>> {
+    let mut out = host_zeros(OP, dm.n * dm.h * len * dm.d)?;
+    let mut to = out.chunks_exact_mut(dm.d);
     for b in 0..dm.n {
         for h in 0..dm.h {
             for i in 0..len {
                 let row = (b * len + i) * width + offset + h * dm.d;
-                out.extend_from_slice(&x[row..row + dm.d]);
+                to.next()
+                    .expect("N·H·len rows of D")
+                    .copy_from_slice(&x[row..row + dm.d]);
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// `[N, H, L, D]` to `[N·L, E]`.
-fn merge_heads(x: &[f64], dm: &Dims) -> Vec<f64> {
-    let mut out = vec![0.0; dm.n * dm.l * dm.e];
+fn merge_heads(x: &[f64], dm: &Dims) -> Result<Vec<f64>> {
+    let mut out = host_zeros(OP, dm.n * dm.l * dm.e)?;
     for b in 0..dm.n {
         for h in 0..dm.h {
             for i in 0..dm.l {
@@ -246,7 +258,7 @@ fn merge_heads(x: &[f64], dm: &Dims) -> Vec<f64> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// `nn.MultiheadAttention`'s forward for inference with batch-first `[N, L, E]` query and
@@ -319,7 +331,7 @@ pub fn multi_head_attention_forward(
         })?
     };
     let merged = Tensor::from_f64(
-        &merge_heads(&attended, &dm),
+        &merge_heads(&attended, &dm)?,
         &[dm.n * dm.l, dm.e],
         query.dtype(),
         query.device(),
@@ -362,7 +374,7 @@ fn fast_path(
     let qkv = project(x, w.in_proj_weight, 0..3 * dm.e, bias)?;
     let heads = |offset| {
         Tensor::from_f64(
-            &split_heads(&qkv, dm, dm.l, 3 * dm.e, offset),
+            &split_heads(&qkv, dm, dm.l, 3 * dm.e, offset)?,
             &[dm.n, dm.h, dm.l, dm.d],
             x.dtype(),
             x.device(),
@@ -413,9 +425,9 @@ fn composed(
     let v = project(value, w.in_proj_weight, 2 * e..3 * e, bias)?;
     let batch = dm.n * dm.h;
     let tensor = |x: Vec<f64>, shape: &[usize]| Tensor::from_f64(&x, shape, dtype, device);
-    let qh = tensor(split_heads(&q, dm, dm.l, e, 0), &[batch, dm.l, dm.d])?;
-    let kh = tensor(split_heads(&k, dm, dm.s, e, 0), &[batch, dm.s, dm.d])?;
-    let vh = tensor(split_heads(&v, dm, dm.s, e, 0), &[batch, dm.s, dm.d])?;
+    let qh = tensor(split_heads(&q, dm, dm.l, e, 0)?, &[batch, dm.l, dm.d])?;
+    let kh = tensor(split_heads(&k, dm, dm.s, e, 0)?, &[batch, dm.s, dm.d])?;
+    let vh = tensor(split_heads(&v, dm, dm.s, e, 0)?, &[batch, dm.s, dm.d])?;
     let mut scores = matmul(&qh, &kh.t()?)?.to_f64()?;
     let scale = 1.0 / (dm.d as f64).sqrt();
     for (row_index, row) in scores.chunks_mut(dm.s.max(1)).enumerate() {
@@ -441,18 +453,18 @@ fn composed(
             *x = (*x - max).exp() / sum;
         }
     }
-    let averaged = options.need_weights.then(|| {
-        let mut avg = vec![0.0; dm.n * dm.l * dm.s];
+    let averaged = options.need_weights.then(|| -> Result<Vec<f64>> {
+        let mut avg = host_zeros(OP, dm.n * dm.l * dm.s)?;
         for (index, &p) in scores.iter().enumerate() {
             let b = index / (dm.h * dm.l * dm.s);
             let rest = index % (dm.l * dm.s);
             avg[b * dm.l * dm.s + rest] += p / dm.h as f64;
         }
-        avg
+        Ok(avg)
     });
     let probabilities = tensor(scores, &[batch, dm.l, dm.s])?;
     let attended = matmul(&probabilities, &vh)?.to_f64()?;
-    Ok((attended, averaged))
+    Ok((attended, averaged.transpose()?))
 }
 
 #[cfg(test)]
@@ -470,7 +482,10 @@ mod tests {
             d: 2,
         };
         let x: Vec<f64> = (0..2 * 3 * 4).map(f64::from).collect();
-        assert_eq!(merge_heads(&split_heads(&x, &dm, 3, 4, 0), &dm), x);
+        assert_eq!(
+            merge_heads(&split_heads(&x, &dm, 3, 4, 0).unwrap(), &dm).unwrap(),
+            x
+        );
     }
 
     #[test]

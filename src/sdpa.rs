@@ -485,8 +485,9 @@ fn cpu_math(job: &Job) -> Result<Tensor> {
     let round = |x: f64| -> f64 {
         match dtype {
             DType::F64 => x,
-            DType::F16 if reduce16 => f64::from(f16::from_f64(x)),
-            DType::Bf16 if reduce16 => f64::from(bf16::from_f64(x)),
+            // Through f32, as PyTorch rounds to the half types.
+            DType::F16 if reduce16 => f64::from(f16::from_f32(x as f32)),
+            DType::Bf16 if reduce16 => f64::from(bf16::from_f32(x as f32)),
             _ => f64::from(x as f32),
         }
     };

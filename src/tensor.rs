@@ -13,7 +13,8 @@ pub trait Element: Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + 'stati
     const DTYPE: DType;
     /// Widens to f64 (exactly).
     fn to_f64(self) -> f64;
-    /// Rounds an f64 to this type (to nearest).
+    /// Rounds an f64 to this type (to nearest; f16 and bf16 through f32, as PyTorch's
+    /// conversions round).
     fn from_f64(value: f64) -> Self;
     /// Widens to f32 (exactly, except f64).
     fn to_f32(self) -> f32;
@@ -61,7 +62,7 @@ element!(
     F16,
     F16,
     f64::from,
-    f16::from_f64,
+    |v| f16::from_f32(v as f32),
     f32::from,
     f16::from_f32
 );
@@ -70,7 +71,7 @@ element!(
     Bf16,
     Bf16,
     f64::from,
-    bf16::from_f64,
+    |v| bf16::from_f32(v as f32),
     f32::from,
     bf16::from_f32
 );
@@ -226,7 +227,7 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[usize], dtype: DType) -> 
 
 /// A host vector of `len` copies of `value`, or [`Error::OutOfMemory`] where the allocation
 /// fails.
-pub(crate) fn host_filled<T: Element>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+pub(crate) fn host_filled<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
         device: Device::Cpu,
@@ -444,11 +445,11 @@ impl Tensor {
         device: Device,
     ) -> Result<Tensor> {
         fn convert<T: Element>(values: &[f64], shape: &[usize], device: Device) -> Result<Tensor> {
-            Tensor::from_vec(
-                values.iter().map(|&x| T::from_f64(x)).collect(),
-                shape,
-                device,
-            )
+            let mut data = host_zeros::<T>("from_f64", values.len())?;
+            for (d, &x) in data.iter_mut().zip(values) {
+                *d = T::from_f64(x);
+            }
+            Tensor::from_vec(data, shape, device)
         }
         match dtype {
             DType::F32 => convert::<f32>(values, shape, device),
@@ -538,5 +539,29 @@ impl Tensor {
             Storage::Cuda(buffer) => Some(buffer),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PyTorch rounds f64 to the half types through f32 (`static_cast<float>` first), and
+    /// so does `from_f64`: a value just above a bf16 midpoint goes up; one whose f32
+    /// rounding lands on a midpoint then rounds to even. (half's own f64 conversion
+    /// rounds the first of these down.)
+    #[test]
+    fn f64_rounds_to_the_half_types_as_pytorch_does() {
+        let x = [0.673_828_167_863_625_3, 1.003_906_25 + 2f64.powi(-30)];
+        let bf = Tensor::from_f64(&x, &[2], DType::Bf16, Device::Cpu).unwrap();
+        assert_eq!(bf.to_f64().unwrap(), [0.675_781_25, 1.0]);
+        let h = Tensor::from_f64(
+            &[1.0 + 2f64.powi(-11) + 2f64.powi(-30)],
+            &[1],
+            DType::F16,
+            Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(h.to_f64().unwrap(), [1.0]);
     }
 }

@@ -194,11 +194,25 @@ pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
     });
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Set by a unit test: starting a thread from this thread fails, as at the process's
+    /// thread limit.
+    pub(crate) static REFUSE_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Holds the pool busy until the guard drops (unit tests: calls then start threads of
+/// their own).
+#[cfg(test)]
+pub(crate) fn hold_pool() -> MutexGuard<'static, ()> {
+    lock(&Pool::get().busy)
+}
+
 /// Whether starting a thread is refused on this thread (unit tests simulate a process at
 /// its thread limit with it; never otherwise).
 fn spawn_refused() -> bool {
     #[cfg(test)]
-    return tests::REFUSE_SPAWN.with(std::cell::Cell::get);
+    return REFUSE_SPAWN.with(std::cell::Cell::get);
     #[cfg(not(test))]
     false
 }
@@ -391,12 +405,6 @@ mod tests {
         assert_eq!(parse_thread_count("many"), None);
     }
 
-    thread_local! {
-        /// Set by a test: starting a thread from this thread fails, as at the process's
-        /// thread limit.
-        pub(super) static REFUSE_SPAWN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    }
-
     /// Runs `parallel(count)` with every index meeting at a barrier of the team's size;
     /// returns the team and how often each index ran.
     fn meet(count: usize) -> (usize, Vec<usize>) {
@@ -438,8 +446,7 @@ mod tests {
         assert_eq!(done.load(Ordering::Relaxed), count);
         // With the pool busy, a call starts threads of its own: none here, so the caller
         // runs alone.
-        let pool = Pool::get();
-        let held = lock(&pool.busy);
+        let held = hold_pool();
         assert_eq!(meet(4), (1, vec![1, 0, 0, 0]));
         drop(held);
         REFUSE_SPAWN.with(|r| r.set(false));

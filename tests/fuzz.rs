@@ -452,38 +452,111 @@ fn fft_case(rng: &mut Rng) -> Result<(), String> {
         return Ok(());
     };
     let which = rng.below(6);
+    let irfft_n = rng.chance(50).then(|| rng.below(10));
     let result = match which {
         0 => fft::fft(&x),
         1 => fft::ifft(&x),
         2 => fft::fft2(&x),
         3 => fft::ifft2(&x),
         4 => fft::rfft(&x),
-        _ => fft::irfft(&x, rng.chance(50).then(|| rng.below(10))),
+        _ => fft::irfft(&x, irfft_n),
     };
     let Some(out) = typed(result) else {
         return Ok(());
     };
-    if which == 0 && dt != DType::Bool {
-        // The 1-D DFT of each line, against the direct sum.
-        let n = shape[shape.len() - 2];
-        let got = out.to_f64().map_err(|e| e.to_string())?;
-        let mut want = vec![0.0; xv.len()];
-        for (line, out) in xv.chunks(2 * n).zip(want.chunks_mut(2 * n)) {
-            for f in 0..n {
-                for t in 0..n {
-                    let angle = -2.0 * std::f64::consts::PI * (f * t) as f64 / n as f64;
-                    let (re, im) = (line[2 * t], line[2 * t + 1]);
-                    out[2 * f] += re * angle.cos() - im * angle.sin();
-                    out[2 * f + 1] += re * angle.sin() + im * angle.cos();
+    if dt == DType::Bool {
+        return Err(format!("transform {which} of a bool tensor gave a result"));
+    }
+    // The reference: direct DFT sums in f64 over the same dimensions.
+    let pairs = |v: &[f64]| -> Vec<(f64, f64)> { v.chunks(2).map(|p| (p[0], p[1])).collect() };
+    let flat = |v: &[(f64, f64)]| -> Vec<f64> { v.iter().flat_map(|&(r, i)| [r, i]).collect() };
+    let (want, out_shape) = match which {
+        0..=3 => {
+            let dims = shape[..shape.len() - 1].to_vec();
+            let mut v = pairs(&xv);
+            let inverse = which % 2 == 1;
+            for axis in (dims.len() - 1 - (which / 2)..dims.len()).rev() {
+                v = direct_dft(&v, &dims, axis, inverse);
+            }
+            (flat(&v), shape.clone())
+        }
+        4 => {
+            let n = shape[shape.len() - 1];
+            let v: Vec<(f64, f64)> = xv.iter().map(|&r| (r, 0.0)).collect();
+            let v = direct_dft(&v, &shape, shape.len() - 1, false);
+            let kept: Vec<(f64, f64)> = v
+                .chunks(n)
+                .flat_map(|line| line[..n / 2 + 1].to_vec())
+                .collect();
+            let mut out_shape = shape.clone();
+            *out_shape.last_mut().unwrap() = n / 2 + 1;
+            out_shape.push(2);
+            (flat(&kept), out_shape)
+        }
+        _ => {
+            let m = shape[shape.len() - 2];
+            let n = irfft_n.unwrap_or(2 * (m - 1));
+            // The Hermitian spectrum of length n from the first m coefficients (0 past them),
+            // the imaginary parts of X[0] and X[n/2] dropped.
+            let mut full = Vec::new();
+            for half in pairs(&xv).chunks(m) {
+                for k in 0..n {
+                    let (j, mirrored) = if k <= n / 2 {
+                        (k, false)
+                    } else {
+                        (n - k, true)
+                    };
+                    let (re, im) = half.get(j).copied().unwrap_or_default();
+                    let im = if j == 0 || 2 * j == n { 0.0 } else { im };
+                    full.push((re, if mirrored { -im } else { im }));
                 }
             }
+            let mut out_shape = shape[..shape.len() - 1].to_vec();
+            *out_shape.last_mut().unwrap() = n;
+            let v = direct_dft(&full, &out_shape, out_shape.len() - 1, true);
+            (v.iter().map(|c| c.0).collect(), out_shape)
         }
-        compared();
-        if rel_err(&got, &want) > bound(dt).max(1e-5) {
-            return Err(format!("fft of {shape:?}: {}", rel_err(&got, &want)));
-        }
+    };
+    if out.shape() != out_shape.as_slice() {
+        return Err(format!(
+            "transform {which} of {shape:?}: shape {:?}, want {out_shape:?}",
+            out.shape()
+        ));
+    }
+    let got = out.to_f64().map_err(|e| e.to_string())?;
+    compared();
+    if rel_err(&got, &want) > bound(dt).max(1e-5) {
+        return Err(format!(
+            "transform {which} of {shape:?} (n {irfft_n:?}): {}",
+            rel_err(&got, &want)
+        ));
     }
     Ok(())
+}
+
+/// The DFT (inverse: divided by the length) of complex `v` of `shape` along `axis`, by
+/// direct sums.
+fn direct_dft(v: &[(f64, f64)], shape: &[usize], axis: usize, inverse: bool) -> Vec<(f64, f64)> {
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let sign = if inverse { 1.0 } else { -1.0 };
+    let mut out = vec![(0.0, 0.0); v.len()];
+    for (block, out) in v.chunks(n * inner).zip(out.chunks_mut(n * inner)) {
+        for i in 0..inner {
+            for f in 0..n {
+                let (mut re, mut im) = (0.0, 0.0);
+                for t in 0..n {
+                    let angle = sign * 2.0 * std::f64::consts::PI * ((f * t) % n) as f64 / n as f64;
+                    let (a, b) = block[t * inner + i];
+                    re += a * angle.cos() - b * angle.sin();
+                    im += a * angle.sin() + b * angle.cos();
+                }
+                let scale = if inverse { n as f64 } else { 1.0 };
+                out[f * inner + i] = (re / scale, im / scale);
+            }
+        }
+    }
+    out
 }
 
 fn mha_case(rng: &mut Rng) -> Result<(), String> {

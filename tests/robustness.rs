@@ -7,7 +7,7 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use backends::mha::{self, MhaOptions, MhaWeights};
-use backends::{DType, Device, Error, SdpaOptions, Tensor, einsum, einsum_path, fft, matmul, sdpa};
+use backends::{Device, Error, SdpaOptions, Tensor, einsum, einsum_path, fft, matmul, sdpa};
 
 /// Runs `f`, failing with `what` if it panics; returns its result.
 fn no_panic<T>(what: &str, f: impl FnOnce() -> T) -> T {
@@ -49,6 +49,18 @@ fn allocations_sized_by_the_caller_fail_with_out_of_memory() {
         einsum("ijk,i,j,k->ijk", &[&one, &v, &v, &v])
     });
     assert!(matches!(out, Err(Error::OutOfMemory { .. })), "{out:?}");
+    // irfft's output length is the caller's: 2^40 complex values do not fit the machine,
+    // and 2^62 real ones not the address space.
+    let spectrum = full(&[1, 3, 2]);
+    let out = no_panic("irfft n = 2^40", || fft::irfft(&spectrum, Some(1 << 40)));
+    assert!(matches!(out, Err(Error::OutOfMemory { .. })), "{out:?}");
+    for n in [1 << 62, usize::MAX] {
+        let out = no_panic("irfft n = 2^62", || fft::irfft(&spectrum, Some(n)));
+        assert!(
+            matches!(out, Err(Error::ShapeMismatch { .. })),
+            "{n}: {out:?}"
+        );
+    }
 }
 
 #[test]
@@ -137,10 +149,46 @@ fn mha_with_an_embedding_of_0() {
 }
 
 #[test]
+fn mha_sizes_that_overflow_are_errors() {
+    // A byte-sized dtype lets E reach past usize::MAX / 3: the packed projection's 3E
+    // overflows (found reviewing the size arithmetic).
+    let x = Tensor::from_bools(&[], &[0, 0, (1 << 62) + 1], Device::Cpu).unwrap();
+    let weights = MhaWeights {
+        in_proj_weight: &x,
+        in_proj_bias: None,
+        out_proj_weight: &x,
+        out_proj_bias: None,
+    };
+    let out = no_panic("mha with 3E > usize::MAX", || {
+        mha::multi_head_attention_forward(&x, &x, &x, 1, &weights, &MhaOptions::default())
+    });
+    assert!(matches!(out, Err(Error::ShapeMismatch { .. })), "{out:?}");
+    // Scores [N, H, L, S] past the address space.
+    let q = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 40, 4], Device::Cpu).unwrap();
+    let w_in = Tensor::from_vec(vec![0.5f32; 48], &[12, 4], Device::Cpu).unwrap();
+    let w_out = Tensor::from_vec(vec![0.5f32; 16], &[4, 4], Device::Cpu).unwrap();
+    let weights = MhaWeights {
+        in_proj_weight: &w_in,
+        in_proj_bias: None,
+        out_proj_weight: &w_out,
+        out_proj_bias: None,
+    };
+    let out = no_panic("mha with L·S past the address space", || {
+        mha::multi_head_attention_forward(&q, &q, &q, 2, &weights, &MhaOptions::default())
+    });
+    assert!(matches!(out, Err(Error::ShapeMismatch { .. })), "{out:?}");
+}
+
+#[test]
 fn matmul_of_huge_but_empty_operands() {
     let a = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 30], Device::Cpu).unwrap();
     let b = Tensor::from_vec(Vec::<f32>::new(), &[1 << 30, 0], Device::Cpu).unwrap();
     let out = no_panic("matmul", || matmul(&a, &b)).unwrap();
     assert_eq!(out.shape(), &[0, 0]);
-    let _ = DType::F32;
+    // An output whose strides would overflow is a typed error, as such a tensor is at
+    // construction.
+    let a = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 40, 1], Device::Cpu).unwrap();
+    let b = Tensor::from_vec(Vec::<f32>::new(), &[0, 1, 1 << 40], Device::Cpu).unwrap();
+    let out = no_panic("matmul to [0, 2^40, 2^40]", || matmul(&a, &b));
+    assert!(matches!(out, Err(Error::ShapeMismatch { .. })), "{out:?}");
 }

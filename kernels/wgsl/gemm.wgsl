@@ -26,18 +26,20 @@ const TN: u32 = BN / 16u;
 var<workgroup> As: array<f32, BM * BK>;
 var<workgroup> Bs: array<f32, BK * BN>;
 
-// Rounds x to nearest (ties away from zero) keeping `keep` of the 23 mantissa bits.
-fn round_mantissa(x: f32, keep: u32) -> f32 {
+// Rounds x to nearest keeping `keep` of the 23 mantissa bits: ties away from zero (TF32,
+// as cvt.rna.tf32.f32) or, with `even`, ties to even (bf16, as PyTorch converts).
+fn round_mantissa(x: f32, keep: u32, even: bool) -> f32 {
     let drop = 23u - keep;
     let bits = bitcast<u32>(x);
-    let rounded = (bits + (1u << (drop - 1u))) & ~((1u << drop) - 1u);
-    return bitcast<f32>(rounded);
+    var bias = 1u << (drop - 1u);
+    if (even) { bias = bias - 1u + ((bits >> drop) & 1u); }
+    return bitcast<f32>((bits + bias) & ~((1u << drop) - 1u));
 }
 
 fn load_input(x: T) -> f32 {
     let v = f32(x);
-    if (MATH == 1u) { return round_mantissa(v, 10u); }
-    if (MATH == 2u) { return round_mantissa(v, 7u); }
+    if (MATH == 1u) { return round_mantissa(v, 10u, false); }
+    if (MATH == 2u) { return round_mantissa(v, 7u, true); }
     return v;
 }
 

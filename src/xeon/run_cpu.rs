@@ -157,6 +157,11 @@ fn usable_cpus(options: &RunCpuOptions, topology: &CpuTopology) -> Result<Vec<Lo
 /// `(instances, cores each)` from the mode and the counts.
 fn layout(options: &RunCpuOptions, cpus: &[LogicalCpu]) -> Result<(usize, usize)> {
     let total = cpus.len();
+    if total == 0 {
+        return Err(invalid(
+            "no usable CPU was found to run on; check --node-id".into(),
+        ));
+    }
     let nodes = {
         let mut n: Vec<usize> = cpus.iter().map(|c| c.node).collect();
         n.dedup();
