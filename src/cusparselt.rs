@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use crate::dylib::{self, Loaded};
+use crate::runtime::dylib::{self, Loaded};
 
 fn library() -> Option<&'static Loaded> {
     static LIB: OnceLock<Option<Loaded>> = OnceLock::new();

@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
-/// The module names of SPEC.md, each a top-level key of [`report`].
+/// The module names of `docs/behaviour.md`, each a top-level key of [`report`].
 pub const MODULES: [&str; 12] = [
     "cpu",
     "cuda",
@@ -24,12 +24,12 @@ pub const MODULES: [&str; 12] = [
 pub fn report() -> Value {
     let global = json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "fp32_precision": crate::precision::FP32_PRECISION.report(),
-        "deterministic_algorithms": crate::determinism::DETERMINISTIC_ALGORITHMS.report(),
-        "deterministic_algorithms_warn_only": crate::determinism::DETERMINISTIC_WARN_ONLY.report(),
+        "fp32_precision": crate::core::precision::FP32_PRECISION.report(),
+        "deterministic_algorithms": crate::core::determinism::DETERMINISTIC_ALGORITHMS.report(),
+        "deterministic_algorithms_warn_only": crate::core::determinism::DETERMINISTIC_WARN_ONLY.report(),
         "deterministic_required": crate::deterministic_required(),
         "num_threads": crate::get_num_threads(),
-        "verbose_level": crate::verbose::level(),
+        "verbose_level": crate::core::verbose::level(),
     });
     let sections = [
         ("global", global),
@@ -37,15 +37,15 @@ pub fn report() -> Value {
         ("cuda", crate::cuda::report()),
         ("cudnn", crate::cudnn::report()),
         ("cusparselt", crate::cusparselt::report()),
-        ("mha", crate::mha::report()),
+        ("mha", crate::ops::mha::report()),
         ("mps", crate::mps::report()),
         ("mkl", crate::mkl::report()),
         ("mkldnn", crate::mkldnn::report()),
         ("nnpack", crate::nnpack::report()),
         ("openmp", crate::openmp::report()),
-        ("opt_einsum", crate::opt_einsum::report()),
+        ("opt_einsum", crate::ops::einsum::path::report()),
         ("xeon", crate::xeon::report()),
-        ("wgpu", crate::adapters::report()),
+        ("wgpu", crate::runtime::wgpu::adapters::report()),
     ];
     Value::Object(
         sections

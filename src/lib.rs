@@ -47,26 +47,19 @@
 //! assert!(backends::cuda::flash_sdp_enabled());
 //! ```
 
-pub mod adapters;
+// Layers, each importing only those above it in this list (see the README's architecture
+// section): core, runtime, kernels, ops; then the torch.backends facades and the report.
+pub mod core;
+pub mod kernels;
+pub mod ops;
+pub mod runtime;
+
 pub mod attention;
 pub mod cpu;
-mod cpu_gemm;
 pub mod cuda;
 pub mod cudnn;
 pub mod cusparselt;
-mod determinism;
-pub mod device;
-pub mod dtype;
-mod dylib;
-pub mod einsum;
-mod error;
-pub mod fft;
-pub mod flag;
-pub mod generator;
-mod gpu;
 pub mod info;
-pub mod kernels;
-mod matmul;
 pub mod mha;
 pub mod mkl;
 pub mod mkldnn;
@@ -74,37 +67,34 @@ pub mod mps;
 pub mod nnpack;
 pub mod openmp;
 pub mod opt_einsum;
-mod precision;
-pub mod sdpa;
 pub mod selfcheck;
-pub mod tensor;
-mod threads;
-mod trace;
-pub mod verbose;
 pub mod xeon;
 
-pub use backends_macros::sdpa_kernel;
-pub use determinism::{
+pub use crate::core::determinism::{
     DETERMINISTIC_ALGORITHMS, DETERMINISTIC_WARN_ONLY, are_deterministic_algorithms_enabled,
     deterministic_required, is_deterministic_algorithms_warn_only_enabled,
     use_deterministic_algorithms,
 };
-pub use device::Device;
-pub use dtype::DType;
-pub use einsum::{einsum, einsum_path};
-pub use error::{Error, Result};
-pub use flag::{Flag, FlagSource, Guard, ScopedGuard};
-pub use generator::{Generator, initial_seed, manual_seed};
-pub use matmul::{EMULATE_REDUCED_PRECISION, matmul};
-pub use precision::{
+pub use crate::core::device::Device;
+pub use crate::core::dtype::DType;
+pub use crate::core::error::{Error, Result};
+pub use crate::core::flag::{Flag, FlagSource, Guard, ScopedGuard};
+pub use crate::core::generator::{Generator, initial_seed, manual_seed};
+pub use crate::core::precision::{
     FP32_PRECISION, Float32MatmulPrecision, Fp32Precision, float32_matmul_precision,
     float32_matmul_precision_scoped, fp32_precision, get_float32_matmul_precision,
     set_float32_matmul_precision, set_fp32_precision,
 };
-pub use sdpa::{SdpaOptions, SdpaOutput, scaled_dot_product_attention, sdpa};
-pub use tensor::{Element, Tensor};
-pub use threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};
-pub use trace::Capture as TraceCapture;
+pub use crate::core::tensor::{Element, Tensor};
+pub use crate::core::trace::Capture as TraceCapture;
+pub use crate::core::{device, dtype, flag, generator, tensor, verbose};
+pub use crate::ops::einsum::{einsum, einsum_path};
+pub use crate::ops::matmul::{EMULATE_REDUCED_PRECISION, matmul};
+pub use crate::ops::sdpa::{SdpaOptions, SdpaOutput, scaled_dot_product_attention, sdpa};
+pub use crate::ops::{einsum, fft, sdpa};
+pub use crate::runtime::threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};
+pub use crate::runtime::wgpu::adapters;
+pub use backends_macros::sdpa_kernel;
 
 /// The README's example, compiled and run as a doctest so that it stays true.
 #[doc = include_str!("../README.md")]

@@ -4,19 +4,9 @@
 
 use std::sync::OnceLock;
 
-use crate::dylib::{self, Loaded};
-use crate::flag::{EnvInit, Flag, Guard, ScopedGuard};
-pub use crate::verbose::{VERBOSE_OFF, VERBOSE_ON};
-
-/// The trace level set through this module (0 or 1). `MKL_VERBOSE` sets it for the process.
-pub static VERBOSE: Flag<u32> = Flag::new(
-    "mkl.verbose",
-    VERBOSE_OFF,
-    Some(EnvInit {
-        var: "MKL_VERBOSE",
-        parse: |s| crate::verbose::parse_level(s, VERBOSE_ON),
-    }),
-);
+use crate::core::flag::{Guard, ScopedGuard};
+pub use crate::core::verbose::{MKL_VERBOSE as VERBOSE, VERBOSE_OFF, VERBOSE_ON};
+use crate::runtime::dylib::{self, Loaded};
 
 fn library() -> Option<&'static Loaded> {
     static LIB: OnceLock<Option<Loaded>> = OnceLock::new();
@@ -45,12 +35,12 @@ pub fn version() -> Option<String> {
 
 /// Turns the kernel trace on (`VERBOSE_ON`) or off until the guard drops.
 pub fn verbose(level: u32) -> crate::Result<Guard> {
-    crate::verbose::guard(&VERBOSE, level, VERBOSE_ON)
+    crate::core::verbose::guard(&VERBOSE, level, VERBOSE_ON)
 }
 
 /// [`verbose`] for the current thread only.
 pub fn verbose_scoped(level: u32) -> crate::Result<ScopedGuard> {
-    crate::verbose::guard_scoped(&VERBOSE, level, VERBOSE_ON)
+    crate::core::verbose::guard_scoped(&VERBOSE, level, VERBOSE_ON)
 }
 
 pub(crate) fn report() -> serde_json::Value {

@@ -4,19 +4,11 @@
 
 use std::sync::OnceLock;
 
-use crate::dylib::{self, Loaded};
-use crate::flag::{EnvInit, Flag, Guard, ScopedGuard};
-pub use crate::verbose::{VERBOSE_OFF, VERBOSE_ON, VERBOSE_ON_CREATION};
-
-/// The trace level set through this module (0, 1 or 2). `DNNL_VERBOSE` sets it for the process.
-pub static VERBOSE: Flag<u32> = Flag::new(
-    "mkldnn.verbose",
-    VERBOSE_OFF,
-    Some(EnvInit {
-        var: "DNNL_VERBOSE",
-        parse: |s| crate::verbose::parse_level(s, VERBOSE_ON_CREATION),
-    }),
-);
+use crate::core::flag::{Guard, ScopedGuard};
+pub use crate::core::verbose::{
+    MKLDNN_VERBOSE as VERBOSE, VERBOSE_OFF, VERBOSE_ON, VERBOSE_ON_CREATION,
+};
+use crate::runtime::dylib::{self, Loaded};
 
 fn library() -> Option<&'static Loaded> {
     static LIB: OnceLock<Option<Loaded>> = OnceLock::new();
@@ -55,12 +47,12 @@ pub fn version() -> Option<(u32, u32, u32)> {
 /// Sets the kernel trace level (`VERBOSE_OFF`, `VERBOSE_ON`, `VERBOSE_ON_CREATION`) until
 /// the guard drops.
 pub fn verbose(level: u32) -> crate::Result<Guard> {
-    crate::verbose::guard(&VERBOSE, level, VERBOSE_ON_CREATION)
+    crate::core::verbose::guard(&VERBOSE, level, VERBOSE_ON_CREATION)
 }
 
 /// [`verbose`] for the current thread only.
 pub fn verbose_scoped(level: u32) -> crate::Result<ScopedGuard> {
-    crate::verbose::guard_scoped(&VERBOSE, level, VERBOSE_ON_CREATION)
+    crate::core::verbose::guard_scoped(&VERBOSE, level, VERBOSE_ON_CREATION)
 }
 
 pub(crate) fn report() -> serde_json::Value {

@@ -7,7 +7,7 @@ pub fn is_built() -> bool {
 
 /// Whether a Metal adapter is present.
 pub fn is_available() -> bool {
-    crate::adapters::list()
+    crate::runtime::wgpu::adapters::list()
         .iter()
         .any(|a| a.backend == wgpu::Backend::Metal)
 }

@@ -2,8 +2,8 @@
 
 use std::sync::OnceLock;
 
-use crate::dylib::{self, Loaded};
-use crate::flag::{Flag, Guard, ScopedGuard};
+use crate::core::flag::{Flag, Guard, ScopedGuard};
+use crate::runtime::dylib::{self, Loaded};
 
 /// NNPACK may be used where it is available.
 pub static ENABLED: Flag<bool> = Flag::new("nnpack.enabled", true, None);

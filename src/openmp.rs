@@ -14,9 +14,9 @@ pub(crate) fn report() -> serde_json::Value {
     serde_json::json!({
         "is_available": is_available(),
         "pool": "backends (persistent workers)",
-        "workers_started": crate::threads::workers_started(),
-        "spin_us": crate::threads::spin().as_micros() as u64,
+        "workers_started": crate::runtime::threads::workers_started(),
+        "spin_us": crate::runtime::threads::spin().as_micros() as u64,
         "num_threads": crate::get_num_threads(),
-        "num_threads_setting": crate::threads::NUM_THREADS.report(),
+        "num_threads_setting": crate::runtime::threads::NUM_THREADS.report(),
     })
 }

@@ -55,7 +55,8 @@ fn matmul_check(device: Device, seed: &mut u64) -> Check {
     let (a, b) = (fresh(m * k, seed), fresh(k * n, seed));
     let mut millis = 0.0;
     let outcome = (|| -> Result<f64> {
-        let _ieee = crate::cuda::matmul::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+        let _ieee =
+            crate::core::precision::matmul::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
         let ta = Tensor::from_vec(a.clone(), &[m, k], device)?;
         let tb = Tensor::from_vec(b.clone(), &[k, n], device)?;
         let start = Instant::now();
@@ -102,8 +103,10 @@ fn sdpa_check(device: Device, seed: &mut u64) -> Check {
         backend = Some(out.backend);
         let got = out.output.to_vec::<f32>()?;
         // The reference: the math backend in f64 on the CPU.
-        let _math =
-            crate::attention::sdpa_kernel_scoped(&[crate::attention::SdpBackend::Math], false);
+        let _math = crate::ops::sdpa::backend::sdpa_kernel_scoped(
+            &[crate::core::sdp::SdpBackend::Math],
+            false,
+        );
         let wide = |x: &[f32]| {
             Tensor::from_vec(
                 x.iter().map(|&y| f64::from(y)).collect(),
@@ -133,7 +136,7 @@ pub fn run() -> Vec<Check> {
         .map_or(1, |d| d.as_nanos() as u64)
         | 1;
     let mut devices = vec![Device::best(), Device::Cpu];
-    devices.extend((0..crate::adapters::list().len()).map(Device::Wgpu));
+    devices.extend((0..crate::runtime::wgpu::adapters::list().len()).map(Device::Wgpu));
     let mut seen = Vec::new();
     devices.retain(|d| {
         let new = !seen.contains(d);

@@ -1,4 +1,4 @@
-//! What each scaled-dot-product-attention backend accepts (SPEC.md section 2): the one
+//! What each scaled-dot-product-attention backend accepts (`docs/behaviour.md` §2): the one
 //! description read both by the run-time selection (`backends::attention::check`) and by
 //! the compile-time checks of `#[backends::sdpa_kernel]`, so the two cannot disagree.
 //!

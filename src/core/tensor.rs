@@ -1,0 +1,424 @@
+//! A small tensor: a typed buffer on a device with a shape and element strides (views
+//! such as transposes share the buffer). Not a tensor library: just enough to feed kernels.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::{DType, Device, Error, Result};
+
+/// An element type a tensor can hold.
+pub trait Element: Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// Widens to f64 (exactly).
+    fn to_f64(self) -> f64;
+    /// Rounds an f64 to this type (to nearest; f16 and bf16 through f32, as PyTorch's
+    /// conversions round).
+    fn from_f64(value: f64) -> Self;
+    /// Widens to f32 (exactly, except f64).
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to this type (to nearest).
+    fn from_f32(value: f32) -> Self;
+    #[doc(hidden)]
+    fn wrap(data: Vec<Self>) -> CpuData;
+    #[doc(hidden)]
+    fn unwrap(data: &CpuData) -> Option<&[Self]>;
+}
+
+macro_rules! element {
+    ($t:ty, $dtype:ident, $variant:ident, $to64:expr, $from64:expr, $to32:expr, $from32:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn to_f64(self) -> f64 {
+                $to64(self)
+            }
+            fn from_f64(value: f64) -> Self {
+                $from64(value)
+            }
+            fn to_f32(self) -> f32 {
+                $to32(self)
+            }
+            fn from_f32(value: f32) -> Self {
+                $from32(value)
+            }
+            fn wrap(data: Vec<Self>) -> CpuData {
+                CpuData::$variant(data)
+            }
+            fn unwrap(data: &CpuData) -> Option<&[Self]> {
+                match data {
+                    CpuData::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, F32, f64::from, |v| v as f32, |v| v, |v| v);
+element!(f64, F64, F64, |v| v, |v| v, |v| v as f32, f64::from);
+element!(
+    f16,
+    F16,
+    F16,
+    f64::from,
+    |v| f16::from_f32(v as f32),
+    f32::from,
+    f16::from_f32
+);
+element!(
+    bf16,
+    Bf16,
+    Bf16,
+    f64::from,
+    |v| bf16::from_f32(v as f32),
+    f32::from,
+    bf16::from_f32
+);
+
+/// Host memory of one element type.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum CpuData {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f64 elements.
+    F64(Vec<f64>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    Bf16(Vec<bf16>),
+    /// Booleans, one byte each (0 or 1).
+    Bool(Vec<u8>),
+}
+
+/// Memory a runtime keeps on a device (a wgpu or CUDA buffer). The tensor only reads it
+/// back; the ops that launch kernels downcast it to their runtime's buffer type.
+pub(crate) trait DeviceMemory: std::fmt::Debug + Send + Sync + 'static {
+    /// The contents, copied to the host (device buffers may be padded past the elements).
+    fn download(&self) -> Result<Vec<u8>>;
+    /// The buffer as `Any`, to downcast.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Where a tensor's elements are: host memory, typed, or a runtime's device memory.
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Cpu(CpuData),
+    Device(Box<dyn DeviceMemory>),
+}
+
+impl Storage {
+    /// The bytes of device memory, copied to the host (`None` for host memory).
+    fn download(&self) -> Result<Option<Vec<u8>>> {
+        Ok(match self {
+            Storage::Cpu(_) => None,
+            Storage::Device(memory) => Some(memory.download()?),
+        })
+    }
+}
+
+/// A strided view of a typed buffer on a device.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    dtype: DType,
+    device: Device,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// A zeroed host buffer of `len` elements, or [`Error::OutOfMemory`] (with what `op` was
+/// doing) where the allocation fails: the large outputs of the CPU kernels are allocated
+/// here, so that a product too big for the machine is an error, not an abort. The zeroing
+/// is the allocator's (fresh pages are zero until the threads that fill them touch them).
+pub(crate) fn host_zeros<T: bytemuck::Zeroable>(op: &'static str, len: usize) -> Result<Vec<T>> {
+    let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+    let out_of_memory = |why: &str| Error::OutOfMemory {
+        device: Device::Cpu,
+        bytes,
+        why: format!("{op}: {why}"),
+    };
+    let layout = std::alloc::Layout::array::<T>(len)
+        .map_err(|_| out_of_memory("the size overflows the address space"))?;
+    if layout.size() == 0 {
+        let mut empty = Vec::new();
+        empty.resize_with(len, T::zeroed);
+        return Ok(empty);
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return Err(out_of_memory("the allocation failed"));
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` T's, every byte
+    // zero, which is a valid T (`Zeroable`); the Vec takes ownership with that capacity.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+/// The element count of a tensor of `shape` and `dtype`, or a typed error where the shape's
+/// extent (its element count, and every row-major stride, in bytes) does not fit the
+/// address space: every size and stride computed from a tensor's shape then fits `usize`.
+pub(crate) fn checked_numel(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    // Strides multiply the sizes with 0 read as 1, so their product bounds both.
+    let extent = shape
+        .iter()
+        .try_fold(dtype.size(), |n, &d| n.checked_mul(d.max(1)))
+        .filter(|&bytes| bytes <= isize::MAX as usize);
+    if extent.is_none() {
+        return Err(Error::ShapeMismatch {
+            op,
+            detail: format!(
+                "shape {shape:?} of {dtype} spans more than the address space (its element count or \
+                 a stride in bytes overflows); use smaller dimensions"
+            ),
+        });
+    }
+    Ok(shape.iter().product())
+}
+
+/// A host vector of `len` copies of `value`, or [`Error::OutOfMemory`] where the allocation
+/// fails.
+pub(crate) fn host_filled<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        device: Device::Cpu,
+        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        why: format!("{op}: the host allocation failed"),
+    })?;
+    out.resize(len, value);
+    Ok(out)
+}
+
+/// Row-major strides of `shape`.
+pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1].max(1);
+    }
+    strides
+}
+
+impl Tensor {
+    /// A contiguous tensor over `storage`.
+    pub(crate) fn from_storage(
+        storage: Storage,
+        dtype: DType,
+        device: Device,
+        shape: &[usize],
+    ) -> Tensor {
+        Tensor {
+            storage: Arc::new(storage),
+            dtype,
+            device,
+            shape: shape.to_vec(),
+            strides: contiguous_strides(shape),
+            offset: 0,
+        }
+    }
+
+    /// The elements of a boolean tensor in row-major order, copied to the host.
+    pub fn to_bools(&self) -> Result<Vec<bool>> {
+        if self.dtype != DType::Bool {
+            return Err(Error::DTypeMismatch {
+                op: "to_bools",
+                expected: DType::Bool,
+                got: self.dtype,
+            });
+        }
+        let bytes = match (&*self.storage, self.storage.download()?) {
+            (_, Some(device_bytes)) => self.gather(&device_bytes),
+            (Storage::Cpu(CpuData::Bool(bytes)), None) => self.gather(bytes),
+            _ => unreachable!("a Bool tensor holds bytes"),
+        };
+        Ok(bytes.into_iter().map(|b| b != 0).collect())
+    }
+
+    /// Sizes, outermost first.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Element strides, one per dimension.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Element offset of the first element in the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Where the data lives.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether the elements are laid out row-major without gaps.
+    pub fn is_contiguous(&self) -> bool {
+        self.numel() == 0 || self.strides == contiguous_strides(&self.shape)
+    }
+
+    /// A view with dimensions `d0` and `d1` swapped (no copy).
+    pub fn transpose(&self, d0: usize, d1: usize) -> Result<Tensor> {
+        let rank = self.shape.len();
+        if d0 >= rank || d1 >= rank {
+            return Err(Error::ShapeMismatch {
+                op: "transpose",
+                detail: format!("dimensions {d0} and {d1} of a {rank}-D tensor"),
+            });
+        }
+        let mut view = self.clone();
+        view.shape.swap(d0, d1);
+        view.strides.swap(d0, d1);
+        Ok(view)
+    }
+
+    /// The view with its last two dimensions swapped.
+    pub fn t(&self) -> Result<Tensor> {
+        let rank = self.shape.len();
+        if rank < 2 {
+            return Err(Error::ShapeMismatch {
+                op: "t",
+                detail: format!("a {rank}-D tensor has no matrix to transpose"),
+            });
+        }
+        self.transpose(rank - 2, rank - 1)
+    }
+
+    /// The elements in row-major order, copied to the host.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DTypeMismatch {
+                op: "to_vec",
+                expected: self.dtype,
+                got: T::DTYPE,
+            });
+        }
+        match self.storage.download()? {
+            None => {
+                let data = self
+                    .cpu_data::<T>()
+                    .expect("storage matches the tensor's dtype");
+                Ok(self.gather(data))
+            }
+            Some(bytes) => {
+                // Device buffers may be padded past the elements: read whole elements only.
+                let whole = bytes.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>();
+                let data: Vec<T> = bytemuck::pod_collect_to_vec(&bytes[..whole]);
+                Ok(self.gather(&data))
+            }
+        }
+    }
+
+    /// Whether `other` is the same view of the same storage (as PyTorch's `q is k`).
+    pub fn is_same(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+            && self.shape == other.shape
+            && self.strides == other.strides
+            && self.offset == other.offset
+    }
+
+    /// The elements in row-major order as f64, copied to the host (`Bool` as 0 and 1).
+    pub fn to_f64(&self) -> Result<Vec<f64>> {
+        Ok(match self.dtype {
+            DType::F32 => self.to_vec::<f32>()?.into_iter().map(f64::from).collect(),
+            DType::F64 => self.to_vec::<f64>()?,
+            DType::F16 => self.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
+            DType::Bf16 => self.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
+            DType::Bool => self
+                .to_bools()?
+                .into_iter()
+                .map(|b| f64::from(u8::from(b)))
+                .collect(),
+        })
+    }
+
+    /// Reads the view's elements from a buffer in row-major order.
+    fn gather<T: Copy>(&self, data: &[T]) -> Vec<T> {
+        if self.is_contiguous() {
+            return data[self.offset..self.offset + self.numel()].to_vec();
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        let mut index = vec![0usize; self.shape.len()];
+        for _ in 0..self.numel() {
+            let at = self.offset
+                + index
+                    .iter()
+                    .zip(&self.strides)
+                    .map(|(i, s)| i * s)
+                    .sum::<usize>();
+            out.push(data[at]);
+            for d in (0..index.len()).rev() {
+                index[d] += 1;
+                if index[d] < self.shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        out
+    }
+
+    /// The elements in row-major order, without a copy, where the tensor is a contiguous
+    /// CPU tensor of type `T`.
+    pub(crate) fn contiguous_host<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype || !self.is_contiguous() {
+            return None;
+        }
+        self.cpu_data::<T>()
+            .map(|data| &data[self.offset..self.offset + self.numel()])
+    }
+
+    /// The device memory of a tensor on a device, as the runtime's buffer type `B`.
+    pub(crate) fn device_memory<B: 'static>(&self) -> Option<&B> {
+        match &*self.storage {
+            Storage::Device(memory) => memory.as_any().downcast_ref::<B>(),
+            Storage::Cpu(_) => None,
+        }
+    }
+
+    /// The host data of a CPU tensor of element type `T` (the whole buffer: index it
+    /// through the view's offset and strides).
+    pub(crate) fn cpu_data<T: Element>(&self) -> Option<&[T]> {
+        match &*self.storage {
+            Storage::Cpu(data) => T::unwrap(data),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// PyTorch rounds f64 to the half types through f32 (`static_cast<float>` first), and
+    /// so does `from_f64`: a value just above a bf16 midpoint goes up; one whose f32
+    /// rounding lands on a midpoint then rounds to even. (half's own f64 conversion
+    /// rounds the first of these down.)
+    #[test]
+    fn f64_rounds_to_the_half_types_as_pytorch_does() {
+        let x = [0.673_828_167_863_625_3, 1.003_906_25 + 2f64.powi(-30)];
+        let bf = Tensor::from_f64(&x, &[2], DType::Bf16, Device::Cpu).unwrap();
+        assert_eq!(bf.to_f64().unwrap(), [0.675_781_25, 1.0]);
+        let h = Tensor::from_f64(
+            &[1.0 + 2f64.powi(-11) + 2f64.powi(-30)],
+            &[1],
+            DType::F16,
+            Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(h.to_f64().unwrap(), [1.0]);
+    }
+}

@@ -1,0 +1,640 @@
+//! The fused attention block on x86 vector registers (AVX-512 and AVX2): one generic body
+//! over a small vector vocabulary, compiled once per instruction set.
+
+use std::arch::x86_64::*;
+
+use super::portable::EXP2_POLY;
+use super::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView};
+
+/// The fused block for AVX-512: [`block_lanes`] with 16 rows per vector, score tiles of
+/// 8 keys x 48 rows and weighted-sum tiles of 8 value columns x 48 rows.
+///
+/// # Safety
+/// The CPU has AVX-512F and DQ.
+#[target_feature(enable = "avx512f,avx512dq,fma")]
+pub(super) unsafe fn block_avx512(a: BlockArgs) {
+    // SAFETY: the caller's CPU has what `__m512`'s operations need.
+    unsafe { block_lanes::<__m512, 8, 3, 8, 3>(a) }
+}
+
+/// The fused block for AVX2: [`block_lanes`] with 8 rows per vector, score tiles of
+/// 4 keys x 24 rows and weighted-sum tiles of 6 value columns x 16 rows (12 of the 16
+/// registers; 4 columns x 24 rows left too few and spilled: 15-27% slower).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn block_avx2(a: BlockArgs) {
+    // SAFETY: the caller's CPU has what `__m256`'s operations need.
+    unsafe { block_lanes::<__m256, 4, 3, 6, 2>(a) }
+}
+
+/// The vector operations of the fused block, on one register of `LANES` floats. Every
+/// method is unsafe: the CPU must have the vector's instruction set, and pointers must
+/// be valid for the lanes they touch.
+trait Vector: Copy {
+    /// Floats per register.
+    const LANES: usize;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load(at: *const f32) -> Self;
+    unsafe fn store(self, at: *mut f32);
+    /// Stores lanes `0..n` only.
+    unsafe fn store_first(self, at: *mut f32, n: usize);
+    /// `a·b + c`.
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn max(a: Self, b: Self) -> Self;
+    /// `base[l·stride]` in lanes `l < n`, 0 in the others (64-bit offsets: any stride).
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self;
+    /// -inf in the lanes whose index is below `first_shown`, `x` in the others.
+    unsafe fn hide_below(x: Self, first_shown: f32) -> Self;
+    /// `max·log2 e`, 0 where `max` is -inf (rows that have seen no key).
+    unsafe fn shift_of(max: Self) -> Self;
+    /// e^(s - max) with `shift` = max·log2 e: 2^(s·log2 e - shift) formed by one FMA,
+    /// split into 2^n · 2^f with the polynomial of [`super::portable::fast_exp`]. Exactly 0 where
+    /// the power is below -125 (and for s = -inf), NaN for NaN.
+    unsafe fn exp_shifted(s: Self, shift: Self) -> Self;
+}
+
+/// The polynomial of 2^f on [-0.5, 0.5] (Horner, [`EXP2_POLY`] then 1).
+#[inline(always)]
+unsafe fn exp2_fraction<V: Vector>(f: V) -> V {
+    // SAFETY: register work, under the caller's instruction set.
+    unsafe {
+        let mut p = V::splat(EXP2_POLY[0]);
+        for &coefficient in &EXP2_POLY[1..] {
+            p = V::fmadd(f, p, V::splat(coefficient));
+        }
+        V::fmadd(f, p, V::splat(1.0))
+    }
+}
+
+// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+// has AVX-512F and DQ, pointers are valid for the lanes touched).
+#[allow(unsafe_op_in_unsafe_fn)]
+impl Vector for __m512 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        _mm512_loadu_ps(at)
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32) {
+        _mm512_storeu_ps(at, self)
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, at: *mut f32, n: usize) {
+        _mm512_mask_storeu_ps(at, first_lanes16(n), self)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+        let stride = _mm512_set1_epi64(stride as i64);
+        let low_offsets = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), stride);
+        let high_offsets =
+            _mm512_mullo_epi64(_mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15), stride);
+        let real = first_lanes16(n);
+        let low = _mm512_mask_i64gather_ps::<4>(
+            _mm256_setzero_ps(),
+            real as __mmask8,
+            low_offsets,
+            base.cast(),
+        );
+        let high = _mm512_mask_i64gather_ps::<4>(
+            _mm256_setzero_ps(),
+            (real >> 8) as __mmask8,
+            high_offsets,
+            base.cast(),
+        );
+        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+    }
+    #[inline(always)]
+    unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+        let lane = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, _mm512_set1_ps(first_shown));
+        _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x)
+    }
+    #[inline(always)]
+    unsafe fn shift_of(max: Self) -> Self {
+        let seen = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(max, _mm512_set1_ps(f32::NEG_INFINITY));
+        _mm512_maskz_mul_ps(seen, max, _mm512_set1_ps(std::f32::consts::LOG2_E))
+    }
+    #[inline(always)]
+    unsafe fn exp_shifted(s: Self, shift: Self) -> Self {
+        let y = _mm512_fmsub_ps(s, _mm512_set1_ps(std::f32::consts::LOG2_E), shift);
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+        let p = exp2_fraction(_mm512_sub_ps(y, n));
+        // No subnormal weights; -inf gives NaN in f and is zeroed here; NaN is not
+        // below.
+        let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(y, _mm512_set1_ps(-125.0));
+        _mm512_maskz_scalef_ps(keep, p, n)
+    }
+}
+
+/// The mask of lanes `0..n` of 16.
+#[inline(always)]
+fn first_lanes16(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as __mmask16
+}
+
+// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+// has AVX2 and FMA, pointers are valid for the lanes touched).
+#[allow(unsafe_op_in_unsafe_fn)]
+impl Vector for __m256 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        _mm256_loadu_ps(at)
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32) {
+        _mm256_storeu_ps(at, self)
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, at: *mut f32, n: usize) {
+        _mm256_maskstore_ps(at, first_lanes8(n), self)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+        let stride = stride as i64;
+        let low_offsets = _mm256_setr_epi64x(0, stride, 2 * stride, 3 * stride);
+        let high_offsets = _mm256_setr_epi64x(4 * stride, 5 * stride, 6 * stride, 7 * stride);
+        let real = _mm256_castsi256_ps(first_lanes8(n));
+        let low = _mm256_mask_i64gather_ps::<4>(
+            _mm_setzero_ps(),
+            base,
+            low_offsets,
+            _mm256_castps256_ps128(real),
+        );
+        let high = _mm256_mask_i64gather_ps::<4>(
+            _mm_setzero_ps(),
+            base,
+            high_offsets,
+            _mm256_extractf128_ps::<1>(real),
+        );
+        _mm256_set_m128(high, low)
+    }
+    #[inline(always)]
+    unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+        let lane = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+        let shown = _mm256_cmp_ps::<_CMP_GE_OQ>(lane, _mm256_set1_ps(first_shown));
+        _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, shown)
+    }
+    #[inline(always)]
+    unsafe fn shift_of(max: Self) -> Self {
+        let seen = _mm256_cmp_ps::<_CMP_NEQ_UQ>(max, _mm256_set1_ps(f32::NEG_INFINITY));
+        let shift = _mm256_mul_ps(max, _mm256_set1_ps(std::f32::consts::LOG2_E));
+        _mm256_and_ps(shift, seen)
+    }
+    #[inline(always)]
+    unsafe fn exp_shifted(s: Self, shift: Self) -> Self {
+        let y = _mm256_fmsub_ps(s, _mm256_set1_ps(std::f32::consts::LOG2_E), shift);
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+        let p = exp2_fraction(_mm256_sub_ps(y, n));
+        // 2^n from its exponent bits: n is at least -125 where kept (a normal
+        // float); the other lanes (-inf, far below) are zeroed, NaN stays NaN in p.
+        let power = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        let keep = _mm256_cmp_ps::<_CMP_NLT_UQ>(y, _mm256_set1_ps(-125.0));
+        _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(power)), keep)
+    }
+}
+
+/// All-ones in 32-bit lanes `0..n` of 8.
+#[inline(always)]
+fn first_lanes8(n: usize) -> __m256i {
+    // SAFETY: register work; AVX is part of every caller's instruction set.
+    unsafe {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lane)
+    }
+}
+
+/// The running max and sum of one vector of query rows, one per lane.
+#[derive(Clone, Copy)]
+struct RowState<V> {
+    max: V,
+    sum: V,
+}
+
+/// The fused block with its 48 query rows in vector lanes: scores as register tiles of
+/// `KEYS` keys x `VECS` vectors of rows (the keys read as rows, not transposed), the
+/// online softmax one vector of rows at a time (no horizontal reductions, no branches
+/// on the data), the weighted sums as register tiles of `COLS` value columns x `WVECS`
+/// vectors of rows (the values broadcast, the weights read as vectors), turned back
+/// into rows once per block.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn block_lanes<
+    V: Vector,
+    const KEYS: usize,
+    const VECS: usize,
+    const COLS: usize,
+    const WVECS: usize,
+>(
+    a: BlockArgs,
+) {
+    let BlockArgs {
+        q,
+        k,
+        v,
+        rows,
+        s,
+        causal,
+        bias,
+        out,
+        lse,
+        ..
+    } = a;
+    let n_rows = rows.len();
+    let d = s.d;
+    // Rows per tile pass (48 or 24), vectors of rows per block (3 or 6).
+    let pass = VECS * V::LANES;
+    let vectors = BLOCK_M / V::LANES;
+    assert!(BLOCK_M.is_multiple_of(pass) && vectors <= 6 && BLOCK_N.is_multiple_of(KEYS));
+    assert!(BLOCK_M.is_multiple_of(WVECS * V::LANES));
+    // The block's queries transposed, `qt[x][r]`, rows past the block zero.
+    // SAFETY: under `V`'s instruction set (the caller's).
+    let qt_lines = unsafe { transpose_queries::<V>(q, d, n_rows) };
+    let qt: &[f32] = bytemuck::cast_slice(&qt_lines);
+    // Scores, then weights, of the key block: `st[c][r]`.
+    let mut st_lines = [[Line::ZERO; BLOCK_M / 16]; BLOCK_N];
+    let st: &mut [[f32; BLOCK_M]] = bytemuck::cast_slice_mut(&mut st_lines);
+    // SAFETY: register work under `V`'s instruction set.
+    let mut states = unsafe {
+        [RowState {
+            max: V::splat(f32::NEG_INFINITY),
+            sum: V::splat(0.0),
+        }; 6]
+    };
+    let mut alpha = [1f32; BLOCK_M];
+    // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
+    let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
+    let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
+    let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+    for kb in (0..k_end).step_by(BLOCK_N) {
+        let keys = BLOCK_N.min(k_end - kb);
+        // While the scores are formed, the block's values are fetched into L2, and the
+        // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
+        let block_values = &v[kb * s.dv..(kb + keys) * s.dv];
+        let next_keys = &k[(kb + keys) * d..k_end.min(kb + keys + BLOCK_N) * d];
+        let mut tiles = 0;
+        for r0 in (0..n_rows).step_by(pass) {
+            for c0 in (0..keys).step_by(KEYS) {
+                // Past the last key, repeat it (those scores are never read).
+                let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1) * d);
+                let ahead = piece(block_values, tiles, 16 * d);
+                tiles += 1;
+                // SAFETY: under `V`'s instruction set (the caller's).
+                unsafe { scores::<V, KEYS, VECS>(qt, r0, d, k, key_at, &mut st[c0..], ahead) };
+            }
+        }
+        for (j, state) in states[..vectors].iter_mut().enumerate() {
+            let row0 = rows.start + V::LANES * j;
+            if row0 >= rows.end {
+                break;
+            }
+            let lanes = Lanes {
+                first: V::LANES * j,
+                row0,
+                real: (rows.end - row0).min(V::LANES),
+                kb,
+                causal: causal && kb + keys > row0 + 1,
+                bias,
+            };
+            // SAFETY: under `V`'s instruction set (the caller's).
+            unsafe { softmax(&mut st[..keys], lanes, state, &mut alpha) };
+        }
+        let values = &v[kb * s.dv..];
+        let mut tiles = 0;
+        for r0 in (0..n_rows).step_by(WVECS * V::LANES) {
+            let mut x0 = 0;
+            while x0 + COLS <= s.dv {
+                let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
+                tiles += 1;
+                // SAFETY: under `V`'s instruction set (the caller's).
+                unsafe {
+                    weighted::<V, COLS, WVECS>(acc_t, r0, x0, &alpha, st, values, s.dv, keys, ahead)
+                };
+                x0 += COLS;
+            }
+            for x in x0..s.dv {
+                // SAFETY: as above.
+                unsafe {
+                    weighted::<V, 1, WVECS>(acc_t, r0, x, &alpha, st, values, s.dv, keys, &[])
+                };
+            }
+        }
+    }
+    let mut max = [0f32; BLOCK_M];
+    let mut sum = [0f32; BLOCK_M];
+    for (j, state) in states[..vectors].iter().enumerate() {
+        // SAFETY: LANES floats fit at LANES·j of the 48.
+        unsafe {
+            state.max.store(max.as_mut_ptr().add(V::LANES * j));
+            state.sum.store(sum.as_mut_ptr().add(V::LANES * j));
+        }
+    }
+    let acc = &mut out[..n_rows * s.dv];
+    // SAFETY: under `V`'s instruction set (the caller's).
+    unsafe { rows_from_lanes::<V>(acc_t, acc, s.dv, n_rows) };
+    super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
+}
+
+/// The block's `n_rows` queries (`q`, rows of `d`) transposed to `qt[x][r]` with
+/// `BLOCK_M` rows, those past `n_rows` zero: a vector of rows per gather.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn transpose_queries<V: Vector>(q: &[f32], d: usize, n_rows: usize) -> Vec<Line> {
+    assert!(n_rows <= BLOCK_M && q.len() >= n_rows * d);
+    let mut lines = vec![Line::ZERO; d * BLOCK_M / 16];
+    let qt: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
+    for r0 in (0..n_rows).step_by(V::LANES) {
+        let real = (n_rows - r0).min(V::LANES);
+        for x in 0..d {
+            // SAFETY: lane l reads q[(r0 + l)·d + x] for rows below n_rows, inside `q`;
+            // the store fills qt[x][r0..r0 + LANES], inside `qt` (both checked).
+            unsafe {
+                V::gather(q.as_ptr().add(r0 * d + x), d, real)
+                    .store(qt.as_mut_ptr().add(x * BLOCK_M + r0));
+            }
+        }
+    }
+    lines
+}
+
+/// `acc[r][x] = acc_t[x][r]` for the first `n_rows` rows (`dv` columns each), a vector
+/// of columns per gather.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn rows_from_lanes<V: Vector>(acc_t: &[f32], acc: &mut [f32], dv: usize, n_rows: usize) {
+    assert!(acc_t.len() >= dv * BLOCK_M && acc.len() >= n_rows * dv && n_rows <= BLOCK_M);
+    for x0 in (0..dv).step_by(V::LANES) {
+        let real = (dv - x0).min(V::LANES);
+        for r in 0..n_rows {
+            // SAFETY: lane l reads acc_t[(x0 + l)·48 + r] with x0 + l < dv, inside
+            // `acc_t`; the store writes acc[r][x0..x0 + real], inside `acc` (checked).
+            unsafe {
+                V::gather(acc_t.as_ptr().add(x0 * BLOCK_M + r), BLOCK_M, real)
+                    .store_first(acc.as_mut_ptr().add(r * dv + x0), real);
+            }
+        }
+    }
+}
+
+/// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
+fn piece(all: &[f32], index: usize, len: usize) -> &[f32] {
+    let start = (index * len).min(all.len());
+    &all[start..(start + len).min(all.len())]
+}
+
+/// Scores of `KEYS` keys (rows of `k` starting at `key_at[c]`) against `VECS` vectors of
+/// the block's queries from row `r0`, held transposed (`qt[x][r]`): `out[c][r]`, in
+/// registers. Meanwhile asks for `ahead` in L2, a cache line per step.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn scores<V: Vector, const KEYS: usize, const VECS: usize>(
+    qt: &[f32],
+    r0: usize,
+    d: usize,
+    k: &[f32],
+    key_at: [usize; KEYS],
+    out: &mut [[f32; BLOCK_M]],
+    ahead: &[f32],
+) {
+    assert!(qt.len() >= d * BLOCK_M && out.len() >= KEYS && r0 + VECS * V::LANES <= BLOCK_M);
+    assert!(key_at.iter().all(|&at| at + d <= k.len()));
+    // SAFETY: every access is within the slices checked above.
+    unsafe {
+        let mut acc = [[V::splat(0.0); VECS]; KEYS];
+        let mut keys = [k.as_ptr(); KEYS];
+        for (key, &at) in keys.iter_mut().zip(&key_at) {
+            *key = k.as_ptr().add(at);
+        }
+        for x in 0..d {
+            if 16 * x < ahead.len() {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * x).cast());
+            }
+            let column = qt.as_ptr().add(x * BLOCK_M + r0);
+            let mut qv = [V::splat(0.0); VECS];
+            for (j, slot) in qv.iter_mut().enumerate() {
+                *slot = V::load(column.add(V::LANES * j));
+            }
+            for (key, row) in keys.iter().zip(acc.iter_mut()) {
+                let kx = V::splat(*key.add(x));
+                for j in 0..VECS {
+                    row[j] = V::fmadd(qv[j], kx, row[j]);
+                }
+            }
+        }
+        for (c, row) in acc.iter().enumerate() {
+            for (j, &a) in row.iter().enumerate() {
+                a.store(out[c].as_mut_ptr().add(r0 + V::LANES * j));
+            }
+        }
+    }
+}
+
+/// The weighted sums with the block's rows in lanes, for value columns
+/// `x0..x0 + COLS` and `VECS` vectors of rows from `r0`:
+/// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c pt[c][r]·v[c][x]` over `keys` value rows
+/// (`dv` apart), in registers: the weights load as vectors, the values broadcast.
+/// Meanwhile asks for `ahead` in L2, a cache line per key.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weighted<V: Vector, const COLS: usize, const VECS: usize>(
+    acc_t: &mut [f32],
+    r0: usize,
+    x0: usize,
+    alpha: &[f32; BLOCK_M],
+    pt: &[[f32; BLOCK_M]],
+    v: &[f32],
+    dv: usize,
+    keys: usize,
+    ahead: &[f32],
+) {
+    assert!(acc_t.len() >= (x0 + COLS) * BLOCK_M && keys <= pt.len() && x0 + COLS <= dv);
+    assert!(r0 + VECS * V::LANES <= BLOCK_M);
+    assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + COLS);
+    // SAFETY: every access is within the slices checked above.
+    unsafe {
+        let mut scale = [V::splat(0.0); VECS];
+        for (j, slot) in scale.iter_mut().enumerate() {
+            *slot = V::load(alpha.as_ptr().add(r0 + V::LANES * j));
+        }
+        let mut acc = [[V::splat(0.0); VECS]; COLS];
+        for (w, row) in acc.iter_mut().enumerate() {
+            let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M + r0);
+            for j in 0..VECS {
+                row[j] = V::mul(V::load(at.add(V::LANES * j)), scale[j]);
+            }
+        }
+        for c in 0..keys {
+            if 16 * c < ahead.len() {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
+            }
+            let weights = pt.get_unchecked(c).as_ptr().add(r0);
+            let mut p = [V::splat(0.0); VECS];
+            for (j, slot) in p.iter_mut().enumerate() {
+                *slot = V::load(weights.add(V::LANES * j));
+            }
+            let values = v.as_ptr().add(c * dv + x0);
+            for (w, row) in acc.iter_mut().enumerate() {
+                let b = V::splat(*values.add(w));
+                for j in 0..VECS {
+                    row[j] = V::fmadd(p[j], b, row[j]);
+                }
+            }
+        }
+        for (w, row) in acc.iter().enumerate() {
+            let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M + r0);
+            for (j, &a) in row.iter().enumerate() {
+                a.store(at.add(V::LANES * j));
+            }
+        }
+    }
+}
+
+/// Which rows a softmax vector holds, and what hides keys from them.
+#[derive(Clone, Copy)]
+struct Lanes<'a> {
+    /// The first row's place in the block.
+    first: usize,
+    /// The first row's query index.
+    row0: usize,
+    /// Rows that exist (the others are padding, their lanes never read).
+    real: usize,
+    /// The key block's first key.
+    kb: usize,
+    /// Whether the causal diagonal crosses this key block for these rows.
+    causal: bool,
+    bias: Option<MaskView<'a>>,
+}
+
+/// The online softmax of one key block for one vector of query rows, one row per lane:
+/// `st[c]` holds the scores of key `c` and becomes its weights. Keys after a row's
+/// diagonal (causal) get weight 0, the mask is added; the factors that rescale the
+/// rows' earlier sums (0 while a row has seen no key) go to `alpha`.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn softmax<V: Vector>(
+    st: &mut [[f32; BLOCK_M]],
+    lanes: Lanes,
+    state: &mut RowState<V>,
+    alpha: &mut [f32; BLOCK_M],
+) {
+    assert!(lanes.first + V::LANES <= BLOCK_M && lanes.real >= 1);
+    // SAFETY: lanes first..first + LANES of each row of `st` and of `alpha` are in
+    // bounds (checked); the mask reads are described at `mask_values`.
+    unsafe {
+        let mut block_max = V::splat(f32::NEG_INFINITY);
+        for (c, key) in st.iter_mut().enumerate() {
+            let at = key.as_mut_ptr().add(lanes.first);
+            let mut x = V::load(at);
+            if let Some(mask) = lanes.bias {
+                x = V::add(x, mask_values::<V>(mask, lanes, c));
+            }
+            if lanes.causal {
+                // Key kb + c is visible to row row0 + l when kb + c - row0 <= l (a small
+                // difference where the diagonal crosses the block: exact as a float).
+                let first_shown = ((lanes.kb + c) as i64 - lanes.row0 as i64) as f32;
+                x = V::hide_below(x, first_shown);
+            }
+            if lanes.bias.is_some() || lanes.causal {
+                x.store(at);
+            }
+            block_max = V::max(block_max, x);
+        }
+        let new_max = V::max(state.max, block_max);
+        // Rows that have seen no key yet keep max -inf: shift them by 0, so that their
+        // weights and factor are 0 instead of NaN.
+        let shift = V::shift_of(new_max);
+        let factor = V::exp_shifted(state.max, shift);
+        state.max = new_max;
+        let mut sum = V::splat(0.0);
+        for key in st.iter_mut() {
+            let at = key.as_mut_ptr().add(lanes.first);
+            let e = V::exp_shifted(V::load(at), shift);
+            e.store(at);
+            sum = V::add(sum, e);
+        }
+        state.sum = V::fmadd(state.sum, factor, sum);
+        factor.store(alpha.as_mut_ptr().add(lanes.first));
+    }
+}
+
+/// The mask's values for key `lanes.kb + c` of the vector's rows (0 in padding lanes):
+/// one broadcast value where the mask does not vary along the rows, else a gather.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn mask_values<V: Vector>(mask: MaskView, lanes: Lanes, c: usize) -> V {
+    let first = mask.base + lanes.row0 * mask.si + (lanes.kb + c) * mask.sj;
+    if mask.si == 0 {
+        // SAFETY: register work.
+        return unsafe { V::splat(mask.values[first]) };
+    }
+    let last = first + (lanes.real - 1) * mask.si;
+    assert!(last < mask.values.len());
+    // SAFETY: the gather reads the elements (row0 + l, kb + c) of the real rows, which
+    // the mask has (checked for the last real row).
+    unsafe { V::gather(mask.values.as_ptr().add(first), mask.si, lanes.real) }
+}

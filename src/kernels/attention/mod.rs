@@ -1,0 +1,174 @@
+//! The CPU attention kernels: one query block against all its keys with a tiled online
+//! softmax (never an Lq x Lk buffer). `lanes.rs` holds the AVX-512 and AVX2 kernels (one
+//! generic body over a small vector vocabulary), `portable.rs` the build's own vector width;
+//! [`run_block`] picks one by the CPU capability in force. The op around them (threads,
+//! inputs, masks, dropout) is [`crate::ops::sdpa`].
+
+#[cfg(target_arch = "x86_64")]
+mod lanes;
+pub(crate) mod portable;
+
+use crate::Tensor;
+
+/// Sizes of one call, with 3-D inputs read as batch 1.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub(crate) b: usize,
+    pub(crate) h: usize,
+    pub(crate) hk: usize,
+    pub(crate) lq: usize,
+    pub(crate) lk: usize,
+    pub(crate) d: usize,
+    pub(crate) dv: usize,
+}
+
+impl Shape {
+    /// The sizes of q `[B, H, Lq, D]`, k `[B, Hk, Lk, D]` and v `[B, Hk, Lk, Dv]`.
+    pub(crate) fn of(q: &Tensor, k: &Tensor, v: &Tensor) -> Shape {
+        let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+        let r = qs.len();
+        Shape {
+            b: if r == 4 { qs[0] } else { 1 },
+            h: qs[r - 3],
+            hk: ks[r - 3],
+            lq: qs[r - 2],
+            lk: ks[r - 2],
+            d: qs[r - 1],
+            dv: vs[r - 1],
+        }
+    }
+
+    /// The key/value head of query head `h`.
+    pub(crate) fn kv_head(&self, h: usize) -> usize {
+        h / (self.h / self.hk.max(1)).max(1)
+    }
+}
+
+pub(crate) const BLOCK_M: usize = 48;
+pub(crate) const BLOCK_N: usize = 64;
+
+/// The mask of one (batch, head) as additive f32 values: `at(i, j)`.
+#[derive(Clone, Copy)]
+pub(crate) struct MaskView<'a> {
+    pub(crate) values: &'a [f32],
+    pub(crate) base: usize,
+    pub(crate) si: usize,
+    pub(crate) sj: usize,
+}
+
+impl MaskView<'_> {
+    #[inline(always)]
+    pub(crate) fn at(&self, i: usize, j: usize) -> f32 {
+        self.values[self.base + i * self.si + j * self.sj]
+    }
+}
+
+/// The arguments of one fused block.
+pub(crate) struct BlockArgs<'a> {
+    /// The block's queries (the rows of `rows`), already multiplied by the scale.
+    pub(crate) q: &'a [f32],
+    /// The head's keys, `[Lk, d]`, for the kernel that reads them as rows (else empty).
+    pub(crate) k: &'a [f32],
+    pub(crate) v: &'a [f32],
+    pub(crate) rows: std::ops::Range<usize>,
+    pub(crate) s: &'a Shape,
+    pub(crate) causal: bool,
+    pub(crate) bias: Option<MaskView<'a>>,
+    pub(crate) out: &'a mut [f32],
+    pub(crate) lse: &'a mut [f32],
+    /// The head's keys, transposed block by block (see [`transpose_keys`]), for the kernels
+    /// that read them so (else empty).
+    pub(crate) kt: &'a [f32],
+}
+
+/// Keys `[L, d]` of one head into `kt` (zeroed, `⌈L / BLOCK_N⌉·d·BLOCK_N` long) as blocks
+/// of `BLOCK_N`, each transposed to `[d][BLOCK_N]` (zero past the last key), so that a
+/// block's scores are plain vector loops. Done once per head, shared by all its query
+/// blocks.
+pub(crate) fn transpose_keys(k: &[f32], lk: usize, d: usize, kt: &mut [f32]) {
+    if d == 0 {
+        return;
+    }
+    for (block, keys) in kt
+        .chunks_exact_mut(d * BLOCK_N)
+        .zip(k[..lk * d].chunks(d * BLOCK_N))
+    {
+        // Row by row of the transposed block: contiguous writes, reads d apart (the block,
+        // 64 keys, stays in L1).
+        for (x, row) in block.chunks_exact_mut(BLOCK_N).enumerate() {
+            for (slot, key) in row.iter_mut().zip(keys.chunks_exact(d)) {
+                *slot = key[x];
+            }
+        }
+    }
+}
+
+/// The transposed block of keys starting at key `kb`.
+#[inline(always)]
+pub(crate) fn key_block(kt: &[f32], d: usize, kb: usize) -> &[f32] {
+    let start = (kb / BLOCK_N) * d * BLOCK_N;
+    &kt[start..start + d * BLOCK_N]
+}
+
+/// Whether the fused block in force reads the keys as rows (`BlockArgs::k`, the AVX-512
+/// and AVX2 kernels) rather than transposed (`BlockArgs::kt`, the portable one).
+pub(crate) fn reads_key_rows() -> bool {
+    use crate::runtime::cpu::CpuCapability;
+    cfg!(target_arch = "x86_64")
+        && matches!(
+            crate::runtime::cpu::get_cpu_capability(),
+            CpuCapability::Avx512 | CpuCapability::Avx2
+        )
+}
+
+/// A cache line of floats: buffers of these start on a 64-byte boundary, so that the
+/// vector loads of a row (a multiple of 16 floats) never straddle two lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [f32; 16]);
+
+impl Line {
+    pub(crate) const ZERO: Line = Line([0.0; 16]);
+}
+
+// SAFETY: sixteen f32s, 64 bytes, no padding: any bit pattern is a valid Line, zero
+// included.
+unsafe impl bytemuck::Zeroable for Line {}
+// SAFETY: as above; Line is Copy and 'static.
+unsafe impl bytemuck::Pod for Line {}
+
+/// Runs one fused block with the code compiled for the CPU capability in force.
+pub(crate) fn run_block(args: BlockArgs) {
+    match crate::runtime::cpu::get_cpu_capability() {
+        // SAFETY: the capability in force never exceeds what the CPU has.
+        #[cfg(target_arch = "x86_64")]
+        crate::runtime::cpu::CpuCapability::Avx512 => unsafe { lanes::block_avx512(args) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        crate::runtime::cpu::CpuCapability::Avx2 => unsafe { lanes::block_avx2(args) },
+        _ => portable::fused_block_body::<{ crate::runtime::cpu::BASELINE_FMA }>(args),
+    }
+}
+
+/// Divides each accumulated row by its softmax sum and writes its log-sum-exp (a row that
+/// saw no key gives zeros and -inf; a NaN row gives NaN and NaN).
+#[inline(always)]
+pub(crate) fn finish_rows(
+    acc: &mut [f32],
+    dv: usize,
+    row_max: &[f32],
+    row_sum: &[f32],
+    lse: &mut [f32],
+) {
+    for (r, (&max, &sum)) in row_max.iter().zip(row_sum).enumerate() {
+        let (inv, l) = if sum == 0.0 {
+            (0.0, f32::NEG_INFINITY)
+        } else {
+            (1.0 / sum, max + sum.ln())
+        };
+        for x in &mut acc[r * dv..(r + 1) * dv] {
+            *x *= inv;
+        }
+        lse[r] = l;
+    }
+}

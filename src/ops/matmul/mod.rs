@@ -1,0 +1,425 @@
+//! `matmul`: 2-D and batched 3-D matrix products on the CPU, on wgpu and on CUDA, honouring
+//! the precision flags of [`crate::core::precision::matmul`].
+//!
+//! On CUDA the flags pick the generated kernel (FFMA, TF32 / bf16 / fp16 tensor cores, fp16
+//! accumulation, split-K partials in f32 or 16 bits) or cuBLAS's compute type and math mode,
+//! as `preferred_blas_library` routes the call (see `matmul/cuda.rs`). On the CPU and wgpu
+//! (the verbose trace names what ran on every call):
+//! - fp32 precision `tf32`: no CPU or wgpu hardware has TF32, so the product stays IEEE fp32
+//!   unless [`EMULATE_REDUCED_PRECISION`] is on, in which case inputs are rounded to TF32.
+//! - fp32 precision `bf16` ("medium"): inputs are rounded to bf16 (f32 accumulate) where
+//!   the CPU has AVX512-BF16, or under [`EMULATE_REDUCED_PRECISION`]; else IEEE fp32.
+//! - fp16/bf16 inputs always accumulate in f32 with no split-K, so
+//!   `allow_{fp16,bf16}_reduced_precision_reduction` and `allow_fp16_accumulation` have no
+//!   effect on these devices.
+//! - every path sums in a fixed order, so results are bit-identical run to run
+//!   (what `use_deterministic_algorithms` asks for).
+
+pub mod blas;
+#[cfg(feature = "cuda")]
+mod cublas;
+#[cfg(feature = "cuda")]
+mod cuda;
+
+use half::{bf16, f16};
+
+use crate::core::flag::{EnvInit, Flag};
+use crate::core::tensor::{Element, Storage, Tensor, host_zeros};
+use crate::core::trace::{self, Call};
+use crate::kernels::convert::narrow;
+use crate::kernels::gemm::{self, MatView, Rounding};
+use crate::kernels::{Elem, GemmKey, GemmMath, KernelKey};
+use crate::{DType, Device, Error, Fp32Precision, Result};
+
+/// Opt-in: on devices without TF32 (or bf16) hardware, emulate the reduced-precision
+/// fp32 matmul modes by rounding the inputs. Off by default; `BACKENDS_EMULATE_REDUCED_PRECISION=1`
+/// turns it on for the process.
+pub static EMULATE_REDUCED_PRECISION: Flag<bool> = Flag::new(
+    "emulate_reduced_precision",
+    false,
+    Some(EnvInit {
+        var: "BACKENDS_EMULATE_REDUCED_PRECISION",
+        parse: |s| Some(s == "1"),
+    }),
+);
+
+/// The shapes of one (batched) product.
+struct Problem {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    out_shape: Vec<usize>,
+    /// Batch, row and column strides of each operand (batch stride 0 when broadcast).
+    a: [usize; 3],
+    b: [usize; 3],
+}
+
+impl Problem {
+    /// The element strides the GEMM kernels take, in their order: A's batch, row and column
+    /// strides, B's, then C's batch and row strides (C is contiguous).
+    fn kernel_strides(&self) -> [usize; 8] {
+        let (a, b) = (self.a, self.b);
+        [a[0], a[1], a[2], b[0], b[1], b[2], self.m * self.n, self.n]
+    }
+
+    /// The number of output elements (batch x M x N; it fits: the problem's construction
+    /// checked the output's extent).
+    fn outputs(&self) -> usize {
+        self.batch * self.m * self.n
+    }
+}
+
+fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
+    let (ra, rb) = (a.shape().len(), b.shape().len());
+    if !(2..=3).contains(&ra) || !(2..=3).contains(&rb) {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            detail: format!(
+                "takes 2-D or 3-D operands, got {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
+    if k != k2 {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            detail: format!(
+                "inner dimensions differ: {:?} x {:?} ({k} != {k2})",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    let batch_of = |t: &Tensor, r: usize| if r == 3 { t.shape()[0] } else { 1 };
+    let (ba, bb) = (batch_of(a, ra), batch_of(b, rb));
+    if ba != bb && ba != 1 && bb != 1 {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            detail: format!(
+                "batch sizes {ba} and {bb} do not broadcast: {:?} x {:?}",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    // 1 broadcasts to any batch size, 0 included.
+    let batch = if ba == 1 { bb } else { ba };
+    let strides = |t: &Tensor, r: usize, own: usize| {
+        let s = t.strides();
+        [if r == 3 && own > 1 { s[0] } else { 0 }, s[r - 2], s[r - 1]]
+    };
+    let out_shape = if ra == 2 && rb == 2 {
+        vec![m, n]
+    } else {
+        vec![batch, m, n]
+    };
+    // The output's size in bytes fits the address space (then every product of its
+    // dimensions below does too), or the call is an error.
+    crate::core::tensor::checked_numel("matmul", &out_shape, a.dtype())?;
+    Ok(Problem {
+        batch,
+        m,
+        n,
+        k,
+        out_shape,
+        a: strides(a, ra, ba),
+        b: strides(b, rb, bb),
+    })
+}
+
+/// How an fp32 product runs on a device without TF32 hardware, and what to say about it.
+fn fp32_rounding(has_bf16_hardware: bool) -> (Rounding, String) {
+    let emulate = EMULATE_REDUCED_PRECISION.get();
+    match crate::core::precision::matmul::fp32_precision_effective() {
+        Fp32Precision::Tf32 if emulate => {
+            (Rounding::Tf32, "tf32 (emulated by input rounding)".into())
+        }
+        Fp32Precision::Tf32 => (
+            Rounding::None,
+            "ieee (tf32 requested: no TF32 hardware here, flag has no effect)".into(),
+        ),
+        Fp32Precision::Bf16 if has_bf16_hardware => {
+            (Rounding::Bf16, "bf16 inputs, f32 accumulate".into())
+        }
+        Fp32Precision::Bf16 if emulate => (
+            Rounding::Bf16,
+            "bf16 inputs (emulated by input rounding)".into(),
+        ),
+        Fp32Precision::Bf16 => (
+            Rounding::None,
+            "ieee (bf16 requested: no bf16 hardware here, flag has no effect)".into(),
+        ),
+        _ => (Rounding::None, "ieee".into()),
+    }
+}
+
+fn half_note(dtype: DType) -> String {
+    let reduced = match dtype {
+        DType::F16 => crate::core::precision::matmul::allow_fp16_reduced_precision_reduction(),
+        _ => crate::core::precision::matmul::allow_bf16_reduced_precision_reduction(),
+    };
+    let mut note = String::from("f32 accumulate, no split-K");
+    if reduced {
+        note.push_str(" (reduced-precision reduction allowed: no effect here)");
+    }
+    if dtype == DType::F16 && crate::core::precision::matmul::allow_fp16_accumulation() {
+        note.push_str(" (fp16 accumulation allowed: no effect here)");
+    }
+    note
+}
+
+/// The matrix product of `a` and `b`: `[M, K] x [K, N] -> [M, N]`, or batched
+/// `[B, M, K] x [B, K, N] -> [B, M, N]` (a batch of 1, or a 2-D operand, broadcasts).
+/// Operands may be strided views (e.g. [`Tensor::t`]). Zero-sized dimensions give an empty
+/// or zero result, as in PyTorch.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if a.device() != b.device() {
+        return Err(Error::DeviceMismatch {
+            op: "matmul",
+            a: a.device(),
+            b: b.device(),
+        });
+    }
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op: "matmul",
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    let p = problem(a, b)?;
+    match a.device() {
+        Device::Cpu => cpu(a, b, &p),
+        Device::Wgpu(index) => wgpu(index, a, b, &p),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(Error::Unavailable {
+            what: "CUDA matmul",
+            why: "this build has no CUDA support: build with the `cuda` feature".into(),
+        }),
+    }
+}
+
+fn shapes(a: &Tensor, b: &Tensor) -> String {
+    format!("{:?}x{:?}", a.shape(), b.shape())
+}
+
+fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
+    let threads = crate::get_num_threads();
+    let micro = gemm::micro();
+    match a.dtype() {
+        DType::F64 => {
+            let describe = || Call {
+                kernel: "gemm_f64".into(),
+                backend: "cpu/reference".into(),
+                dtype: DType::F64,
+                shapes: shapes(a, b),
+                precision: "f64".into(),
+            };
+            trace::kernel(describe, || {
+                let mut out = host_zeros::<f64>("matmul", p.outputs())?;
+                each_batch(
+                    p,
+                    a.cpu_data::<f64>(),
+                    b.cpu_data::<f64>(),
+                    &mut out,
+                    |va, vb, c| gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
+                );
+                Tensor::from_vec(out, &p.out_shape, Device::Cpu)
+            })
+        }
+        DType::F32 => {
+            let (rounding, note) = fp32_rounding(crate::runtime::cpu::has_avx512_bf16());
+            let micro = if rounding == Rounding::Bf16 {
+                gemm::micro_for_bf16()
+            } else {
+                micro
+            };
+            run_cpu::<f32>(a, b, p, rounding, note, micro.name, threads)
+        }
+        DType::F16 => run_cpu::<f16>(
+            a,
+            b,
+            p,
+            Rounding::None,
+            half_note(DType::F16),
+            micro.name,
+            threads,
+        ),
+        DType::Bf16 => run_cpu::<bf16>(
+            a,
+            b,
+            p,
+            Rounding::None,
+            half_note(DType::Bf16),
+            gemm::micro_for_bf16().name,
+            threads,
+        ),
+        DType::Bool => Err(Error::DTypeMismatch {
+            op: "matmul",
+            expected: DType::F32,
+            got: DType::Bool,
+        }),
+    }
+}
+
+fn run_cpu<T: Element>(
+    a: &Tensor,
+    b: &Tensor,
+    p: &Problem,
+    rounding: Rounding,
+    note: String,
+    micro: &'static str,
+    threads: usize,
+) -> Result<Tensor> {
+    let describe = || Call {
+        kernel: format!("gemm_{}_{micro}", T::DTYPE),
+        backend: format!("cpu/{micro}"),
+        dtype: T::DTYPE,
+        shapes: shapes(a, b),
+        precision: note,
+    };
+    trace::kernel(describe, || {
+        let mut out = host_zeros::<f32>("matmul", p.outputs())?;
+        each_batch(
+            p,
+            a.cpu_data::<T>(),
+            b.cpu_data::<T>(),
+            &mut out,
+            |va, vb, c| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
+        );
+        Tensor::from_vec(
+            narrow::<T>("matmul", out, threads)?,
+            &p.out_shape,
+            Device::Cpu,
+        )
+    })
+}
+
+/// Runs `product` on every batch's views, writing each batch's `m x n` result into its
+/// part of `out`.
+fn each_batch<T: Element, O>(
+    p: &Problem,
+    a: Option<&[T]>,
+    b: Option<&[T]>,
+    out: &mut [O],
+    product: impl Fn(MatView<T>, MatView<T>, &mut [O]),
+) {
+    let (a, b) = (
+        a.expect("a CPU tensor has host data"),
+        b.expect("a CPU tensor has host data"),
+    );
+    for (i, c) in out.chunks_mut((p.m * p.n).max(1)).take(p.batch).enumerate() {
+        let va = MatView {
+            data: a,
+            offset: i * p.a[0],
+            rs: p.a[1],
+            cs: p.a[2],
+        };
+        let vb = MatView {
+            data: b,
+            offset: i * p.b[0],
+            rs: p.b[1],
+            cs: p.b[2],
+        };
+        product(va, vb, c);
+    }
+}
+
+fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
+    let gpu = crate::runtime::wgpu::gpu(index)?;
+    let (elem, math, note) = match a.dtype() {
+        DType::F32 => {
+            let (rounding, note) = fp32_rounding(false);
+            let math = match rounding {
+                Rounding::None => GemmMath::Ieee,
+                Rounding::Tf32 => GemmMath::Tf32,
+                Rounding::Bf16 => GemmMath::Bf16,
+            };
+            (Elem::F32, math, note)
+        }
+        DType::F16 => (Elem::F16, GemmMath::F16, half_note(DType::F16)),
+        other => {
+            return Err(Error::DTypeMismatch {
+                op: "matmul on wgpu",
+                expected: DType::F32,
+                got: other,
+            });
+        }
+    };
+    let entry = crate::kernels::lookup(&KernelKey::Gemm(GemmKey {
+        elem,
+        math,
+        acc_f16: false,
+        partials: Elem::F32,
+    }))
+    .expect("the wgpu GEMM variants are declared");
+    let kernel = entry
+        .wgsl
+        .as_ref()
+        .expect("the wgpu GEMM variants have WGSL");
+    let out_bytes = p.outputs() * a.dtype().size();
+    let out = if p.k == 0 {
+        crate::runtime::wgpu::Buffer::zeroed(gpu, out_bytes)?
+    } else {
+        crate::runtime::wgpu::Buffer::output(gpu, out_bytes)?
+    };
+    if p.outputs() > 0 && p.k > 0 {
+        let fits = |v: usize| {
+            u32::try_from(v).map_err(|_| Error::ShapeMismatch {
+                op: "matmul on wgpu",
+                detail: format!("index {v} exceeds 32 bits; split the problem"),
+            })
+        };
+        let mut params = Vec::new();
+        for v in [p.m, p.n, p.k, p.batch]
+            .into_iter()
+            .chain(p.kernel_strides())
+        {
+            params.extend_from_slice(&fits(v)?.to_le_bytes());
+        }
+        let (a_buf, b_buf) = (a.wgpu_buffer(), b.wgpu_buffer());
+        let (a_buf, b_buf) = (
+            a_buf.expect("a wgpu tensor has a buffer"),
+            b_buf.expect("a wgpu tensor has a buffer"),
+        );
+        if a.offset() != 0 || b.offset() != 0 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul on wgpu",
+                detail: "operands with an offset are not supported".into(),
+            });
+        }
+        let groups = [
+            fits(p.n.div_ceil(64))?,
+            fits(p.m.div_ceil(64))?,
+            fits(p.batch)?,
+        ];
+        let describe = || Call {
+            kernel: entry.name.into(),
+            backend: format!("wgpu:{index}"),
+            dtype: a.dtype(),
+            shapes: shapes(a, b),
+            precision: note,
+        };
+        trace::kernel(describe, || {
+            gpu.run(
+                entry.name,
+                kernel,
+                &[a_buf.raw(), b_buf.raw(), out.raw()],
+                &params,
+                groups,
+            )
+        })?;
+    }
+    Ok(Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        a.dtype(),
+        Device::Wgpu(index),
+        &p.out_shape,
+    ))
+}

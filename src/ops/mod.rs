@@ -1,0 +1,8 @@
+//! The operations: one folder per op, each with its public API and its dispatch by device
+//! (`mod.rs`) next to the device-specific parts.
+
+pub mod einsum;
+pub mod fft;
+pub mod matmul;
+pub mod mha;
+pub mod sdpa;

@@ -1,0 +1,356 @@
+//! The fused path on the CPU: threads over batch x heads x query blocks, each running the
+//! kernels of [`crate::kernels::attention`] on its block; f64 inputs row by row in f64.
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+
+use super::math::Bias;
+use super::{Job, OP_CPU, host_f64};
+use crate::core::tensor::{Tensor, host_zeros};
+use crate::kernels::attention::{
+    BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, reads_key_rows, run_block, transpose_keys,
+};
+use crate::kernels::convert::narrow;
+use crate::{DType, Device, Error, Result};
+
+/// The values of a float tensor as f32, row-major: borrowed from a contiguous f32 tensor,
+/// else converted.
+pub(crate) fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+    if let Some(values) = t.contiguous_host::<f32>() {
+        return Ok(Cow::Borrowed(values));
+    }
+    Ok(Cow::Owned(match t.dtype() {
+        DType::F32 => t.to_vec::<f32>()?,
+        _ => host_f64(t)?.into_iter().map(|x| x as f32).collect(),
+    }))
+}
+
+/// q, k or v as the CPU fused path reads it: f32 values (borrowed when the tensor is
+/// contiguous f32), or a contiguous 16-bit tensor's own elements, which each thread widens
+/// piece by piece as it needs them (no serial whole-tensor conversion).
+pub(crate) enum Input<'a> {
+    F32(Cow<'a, [f32]>),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Input<'a> {
+    fn of(t: &'a Tensor) -> Result<Input<'a>> {
+        if let Some(values) = t.contiguous_host::<bf16>() {
+            return Ok(Input::Bf16(values));
+        }
+        if let Some(values) = t.contiguous_host::<f16>() {
+            return Ok(Input::F16(values));
+        }
+        host_f32(t).map(Input::F32)
+    }
+
+    /// Elements `range` as f32 into `out` (of that length).
+    fn copy_into(&self, range: std::ops::Range<usize>, out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        match self {
+            Input::F32(values) => out.copy_from_slice(&values[range]),
+            Input::Bf16(values) => values[range].convert_to_f32_slice(out),
+            Input::F16(values) => values[range].convert_to_f32_slice(out),
+        }
+    }
+
+    /// Elements `range` as f32: borrowed for f32 inputs, else widened into `wide`.
+    fn f32s<'s>(&'s self, range: std::ops::Range<usize>, wide: &'s mut Vec<f32>) -> &'s [f32] {
+        if let Input::F32(values) = self {
+            return &values[range];
+        }
+        wide.resize(range.len(), 0.0);
+        self.copy_into(range, wide);
+        wide
+    }
+}
+
+/// One head's keys or values as f32 in line-aligned memory, kept while a thread works on
+/// that head.
+#[derive(Default)]
+struct HeadCache {
+    head: Option<usize>,
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl HeadCache {
+    /// The values of head `head`: `len` floats that `fill` writes (into zeros) the first
+    /// time this head is asked for.
+    fn get_or_fill(&mut self, head: usize, len: usize, fill: impl FnOnce(&mut [f32])) -> &[f32] {
+        if self.head != Some(head) {
+            self.lines.clear();
+            self.lines.resize(len.div_ceil(16), Line::ZERO);
+            fill(&mut bytemuck::cast_slice_mut(&mut self.lines)[..len]);
+            self.head = Some(head);
+            self.len = len;
+        }
+        &bytemuck::cast_slice(&self.lines)[..self.len]
+    }
+
+    /// Elements `range` of `input`, the head `head`'s, as f32: borrowed where the input is
+    /// f32, else widened once per head.
+    fn f32s<'s>(
+        &'s mut self,
+        input: &'s Input,
+        head: usize,
+        range: std::ops::Range<usize>,
+    ) -> &'s [f32] {
+        if let Input::F32(all) = input {
+            return &all[range];
+        }
+        self.get_or_fill(head, range.len(), |out| input.copy_into(range, out))
+    }
+}
+
+/// The CPU fused path: tiled online softmax over key blocks, threads over
+/// batch x heads x query blocks. Memory beyond the inputs and outputs is, per thread, one
+/// block of queries and scores, and one head's keys and values where they are widened from
+/// 16 bits or transposed (never an Lq x Lk buffer).
+pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
+    let Job {
+        query: q,
+        key: k,
+        value: v,
+        options: o,
+        shape: ref s,
+        scale,
+        ref out_shape,
+        ..
+    } = *job;
+    let (qv, kv, vv) = (Input::of(q)?, Input::of(k)?, Input::of(v)?);
+    let scale = scale as f32;
+    let bias = Bias::of(o.attn_mask)?;
+    let bias_values: Option<Vec<f32>> = bias
+        .as_ref()
+        .map(|m| m.values.iter().map(|&x| x as f32).collect());
+    // Zeroed lazily by the allocator: each page is first touched by the thread that writes it.
+    let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut lse = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq)?;
+    let blocks = s.lq.div_ceil(BLOCK_M);
+    // Work items: one (batch, head, query block) each, in output order.
+    let mut items: Vec<(usize, &mut [f32], &mut [f32])> = Vec::with_capacity(s.b * s.h * blocks);
+    {
+        let mut out_rest = out.as_mut_slice();
+        let mut lse_rest = lse.as_mut_slice();
+        for bh in 0..s.b * s.h {
+            for blk in 0..blocks {
+                let rows = BLOCK_M.min(s.lq - blk * BLOCK_M);
+                let (o_here, o_next) = out_rest.split_at_mut(rows * s.dv);
+                let (l_here, l_next) = lse_rest.split_at_mut(rows);
+                items.push((bh * blocks + blk, o_here, l_here));
+                out_rest = o_next;
+                lse_rest = l_next;
+            }
+        }
+    }
+    let threads = crate::get_num_threads().min(items.len()).max(1);
+    let per = items.len().div_ceil(threads);
+    let key_rows = reads_key_rows();
+    let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
+    type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
+    let work = |(chunk, mut q_block): Chunk| {
+        // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
+        // transposed where the kernel reads them so (threads take runs of items of one head).
+        let mut k_head = HeadCache::default();
+        let mut v_head = HeadCache::default();
+        let mut wide = Vec::new();
+        for (item, o_here, l_here) in chunk {
+            let (bh, blk) = (item / blocks, item % blocks);
+            let (b, h) = (bh / s.h, bh % s.h);
+            let hk = s.kv_head(h);
+            let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
+            // The block's queries, scaled once here (the same f32 product the scores would
+            // form each time).
+            let q_rows = qv.f32s(
+                (bh * s.lq + rows.start) * s.d..(bh * s.lq + rows.end) * s.d,
+                &mut wide,
+            );
+            let q = &mut q_block[..q_rows.len()];
+            for (x, &y) in q.iter_mut().zip(q_rows) {
+                *x = y * scale;
+            }
+            let kvh = b * s.hk + hk;
+            let key_range = kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d;
+            let (k, kt) = if key_rows {
+                (k_head.f32s(kv, kvh, key_range), &[][..])
+            } else {
+                let len = s.lk.div_ceil(BLOCK_N) * s.d * BLOCK_N;
+                let kt = k_head.get_or_fill(kvh, len, |kt| {
+                    transpose_keys(kv.f32s(key_range, &mut wide), s.lk, s.d, kt)
+                });
+                (&[][..], kt)
+            };
+            let v = v_head.f32s(vv, kvh, kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv);
+            let mask = bias
+                .as_ref()
+                .zip(bias_values.as_deref())
+                .map(|(m, values)| MaskView {
+                    values,
+                    base: b * m.strides[0] + h * m.strides[1],
+                    si: m.strides[2],
+                    sj: m.strides[3],
+                });
+            run_block(BlockArgs {
+                q,
+                k,
+                v,
+                rows,
+                s,
+                causal: o.is_causal,
+                bias: mask,
+                out: o_here,
+                lse: l_here,
+                kt,
+            });
+        }
+    };
+    // Runs of `per` items, one per thread (the first on the calling thread), each with its
+    // scaled query block, allocated here where a failure is an error (none without rows).
+    let mut chunks = Vec::with_capacity(threads);
+    let mut rest = items;
+    while rest.len() > per {
+        let tail = rest.split_off(per);
+        chunks.push(std::mem::replace(&mut rest, tail));
+    }
+    if !rest.is_empty() {
+        chunks.push(rest);
+    }
+    let block_len = BLOCK_M
+        .checked_mul(s.d)
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP_CPU,
+            detail: format!("head dim {} is too large for a query block", s.d),
+        })?;
+    let chunks: Vec<Chunk> = chunks
+        .into_iter()
+        .map(|chunk| Ok((chunk, host_zeros(OP_CPU, block_len)?)))
+        .collect::<Result<_>>()?;
+    crate::runtime::threads::for_each(chunks, &work);
+    let output = match q.dtype() {
+        DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,
+        DType::Bf16 => Tensor::from_vec(
+            narrow::<bf16>(OP_CPU, out, threads)?,
+            out_shape,
+            Device::Cpu,
+        )?,
+        DType::F16 => {
+            Tensor::from_vec(narrow::<f16>(OP_CPU, out, threads)?, out_shape, Device::Cpu)?
+        }
+        dtype => {
+            let out: Vec<f64> = out.into_iter().map(f64::from).collect();
+            Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)?
+        }
+    };
+    let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
+    Ok((output, lse))
+}
+
+/// The fused path for f64 inputs, computed in f64 as PyTorch's CPU flash kernel does for
+/// them: each query row streams its keys through an online softmax (no score buffer),
+/// threads over runs of rows. The log-sum-exp is f64 too.
+pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
+    let Job {
+        query: q,
+        key: k,
+        value: v,
+        options: o,
+        shape: ref s,
+        scale,
+        ref out_shape,
+        ..
+    } = *job;
+    let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
+    let bias = Bias::of(o.attn_mask)?;
+    let mut out = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut lse = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq)?;
+    let rows = s.b * s.h * s.lq;
+    let threads = crate::get_num_threads().min(rows).max(1);
+    let per = rows.div_ceil(threads).max(1);
+    let mut chunks = Vec::with_capacity(threads);
+    let (mut out_rest, mut lse_rest) = (out.as_mut_slice(), lse.as_mut_slice());
+    while !lse_rest.is_empty() {
+        let n = per.min(lse_rest.len());
+        let (o_here, o_next) = out_rest.split_at_mut(n * s.dv);
+        let (l_here, l_next) = lse_rest.split_at_mut(n);
+        chunks.push((chunks.len(), (o_here, l_here)));
+        (out_rest, lse_rest) = (o_next, l_next);
+    }
+    let (qv, kv, vv, bias) = (&qv, &kv, &vv, &bias);
+    crate::runtime::threads::for_each(chunks, &|(chunk, (out, lse)): (
+        usize,
+        (&mut [f64], &mut [f64]),
+    )| {
+        for (r, l) in lse.iter_mut().enumerate() {
+            let row = chunk * per + r;
+            let (bh, i) = (row / s.lq, row % s.lq);
+            let (b, h) = (bh / s.h, bh % s.h);
+            let kvh = b * s.hk + s.kv_head(h);
+            let query = &qv[row * s.d..][..s.d];
+            let acc = &mut out[r * s.dv..][..s.dv];
+            let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0);
+            let keys = if o.is_causal { s.lk.min(i + 1) } else { s.lk };
+            for j in 0..keys {
+                let key = &kv[(kvh * s.lk + j) * s.d..][..s.d];
+                let mut x = query.iter().zip(key).map(|(a, c)| a * c).sum::<f64>() * scale;
+                if let Some(bias) = bias {
+                    x += bias.at(b, h, i, j);
+                }
+                if x == f64::NEG_INFINITY {
+                    continue;
+                }
+                if x > max {
+                    let alpha = (max - x).exp();
+                    sum *= alpha;
+                    acc.iter_mut().for_each(|a| *a *= alpha);
+                    max = x;
+                }
+                let p = (x - max).exp();
+                sum += p;
+                let value = &vv[(kvh * s.lk + j) * s.dv..][..s.dv];
+                for (a, &y) in acc.iter_mut().zip(value) {
+                    *a += p * y;
+                }
+            }
+            // A row that saw no key gives zeros and -inf, a NaN row NaN and NaN, as the
+            // other fused kernels.
+            let (inv, lse) = if sum == 0.0 {
+                (0.0, f64::NEG_INFINITY)
+            } else {
+                (1.0 / sum, max + sum.ln())
+            };
+            acc.iter_mut().for_each(|a| *a *= inv);
+            *l = lse;
+        }
+    });
+    Ok((
+        Tensor::from_vec(out, out_shape, Device::Cpu)?,
+        Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HeadCache, Input};
+
+    #[test]
+    fn head_values_are_borrowed_for_f32_and_widened_once_into_aligned_lines_for_16_bits() {
+        let all: Vec<f32> = (0..4096).map(|i| (i as f32).sin()).collect();
+        let input = Input::F32(std::borrow::Cow::Borrowed(&all));
+        let mut cache = HeadCache::default();
+        assert_eq!(cache.f32s(&input, 0, 5..77).as_ptr(), all[5..].as_ptr());
+        let halves: Vec<half::bf16> = all.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let input = Input::Bf16(&halves);
+        let got = cache.f32s(&input, 3, 5..53).to_vec();
+        assert_eq!(
+            got,
+            halves[5..53].iter().map(|x| x.to_f32()).collect::<Vec<_>>()
+        );
+        // The same head again: the cached values, on a cache line.
+        let again = cache.f32s(&input, 3, 5..53);
+        assert!((again.as_ptr() as usize).is_multiple_of(64));
+        assert_eq!(again, &got[..]);
+    }
+}

@@ -1,0 +1,188 @@
+//! Flash and memory-efficient attention on CUDA through the generated kernels
+//! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
+//! dropout drawn by the same stateless per-weight decision as the host's math path.
+
+use super::{Job, SdpaOutput, broadcast_strides};
+use crate::core::generator::Draw;
+use crate::core::sdp::SdpBackend;
+use crate::core::tensor::{Storage, Tensor};
+use crate::kernels::attention::Shape;
+use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
+use crate::runtime::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
+use crate::{DType, Device, Error, Result};
+
+const OP: &str = "scaled_dot_product_attention on CUDA";
+
+/// Batch, head and row strides of q, k, v or o (`[B, H, L, D]`, or `[H, L, D]` with a batch
+/// stride of 0), which the kernels take with the last dimension contiguous.
+fn strides(t: &Tensor) -> Result<[i64; 3]> {
+    let st = t.strides();
+    let r = st.len();
+    if st[r - 1] != 1 && t.shape()[r - 1] > 1 {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            detail: format!(
+                "the last dimension must be contiguous (strides {st:?}); pass a contiguous copy"
+            ),
+        });
+    }
+    Ok([if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]].map(long_arg))
+}
+
+/// Runs the selected fused backend (flash or memory-efficient) on device `ordinal`.
+pub(super) fn fused(
+    ordinal: usize,
+    backend: SdpBackend,
+    pinned: Option<&'static KernelEntry>,
+    job: &Job,
+) -> Result<SdpaOutput> {
+    let Job {
+        query: q,
+        key: k,
+        value: v,
+        options: o,
+        shape: ref s,
+        scale,
+        ref out_shape,
+        ..
+    } = *job;
+    let elem = q.dtype().elem().ok_or(Error::DTypeMismatch {
+        op: OP,
+        expected: DType::F16,
+        got: q.dtype(),
+    })?;
+    let mask = match o.attn_mask.map(Tensor::dtype) {
+        None => MaskKind::None,
+        Some(DType::Bool) => MaskKind::Bool,
+        Some(dtype) if dtype == q.dtype() => MaskKind::Additive,
+        Some(dtype) => {
+            return Err(Error::DTypeMismatch {
+                op: "an additive attn_mask on CUDA",
+                expected: q.dtype(),
+                got: dtype,
+            });
+        }
+    };
+    let key = pinned
+        .filter(|e| e.cuda.is_some())
+        .map(|e| e.key)
+        .or_else(|| rules::kernel_key(backend.into(), elem, s.d, o.is_causal, mask))
+        .ok_or_else(|| Error::Unavailable {
+            what: "an attention kernel",
+            why: format!("no {backend} variant serves head dim {}", s.d),
+        })?;
+    let kernel = Kernel::get(ordinal, &key)?;
+    if let crate::kernels::KernelKey::FlashFwd(flash) = key
+        && flash.head_dim as usize != s.d
+    {
+        return Err(Error::Unavailable {
+            what: "a flash attention kernel for this head dim",
+            why: format!(
+                "flash on CUDA is built for head dims {:?} exactly, not {}; pad the head dim or \
+                 let memory-efficient attention serve",
+                crate::kernels::FLASH_HEAD_DIMS,
+                s.d
+            ),
+        });
+    }
+    let size = q.dtype().size();
+    let out = Buffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * size)?;
+    let lse = Buffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
+    if s.lq > 0 && s.b * s.h > 0 {
+        let views = [q, k, v].map(|t| {
+            t.cuda_buffer()
+                .expect("a CUDA tensor has a buffer")
+                .view(t.offset() * size)
+        });
+        let (out_view, lse_view) = (out.view(0), lse.view(0));
+        let ints = [s.h, s.hk, s.lq, s.lk, s.d]
+            .map(|x| int_arg(OP, x))
+            .into_iter()
+            .collect::<Result<Vec<i32>>>()?;
+        let scale = scale as f32;
+        let causal = i32::from(o.is_causal);
+        let mut all_strides = Vec::with_capacity(16);
+        for t in [q, k, v] {
+            all_strides.extend(strides(t)?);
+        }
+        all_strides.extend([s.h * s.lq * s.dv, s.lq * s.dv, s.dv].map(long_arg));
+        let tile = kernel.entry.cuda.as_ref().expect("a CUDA variant").tile;
+        let grid = (
+            grid_dim(OP, s.lq.div_ceil(tile[0] as usize))?,
+            grid_dim(OP, s.b * s.h)?,
+            1,
+        );
+        let flash = matches!(backend, SdpBackend::Flash);
+        if !flash {
+            let mask_strides = o
+                .attn_mask
+                .map_or([0; 4], |m| broadcast_strides(m.shape(), m.strides()));
+            all_strides.extend(mask_strides.map(long_arg));
+        }
+        // Without a mask the kernel never reads it: any valid pointer serves.
+        let mask_view = o.attn_mask.map_or(out.view(0), |m| {
+            m.cuda_buffer()
+                .expect("a CUDA mask has a buffer")
+                .view(m.offset() * m.dtype().size())
+        });
+        let mut args = kernel.args();
+        args.ptr(&views[0]).ptr(&views[1]).ptr(&views[2]);
+        if flash {
+            args.ptr(&out_view).ptr(&lse_view);
+            for x in &ints[..4] {
+                args.int(x);
+            }
+            args.float(&scale);
+        } else {
+            args.ptr(&mask_view).ptr(&out_view).ptr(&lse_view);
+            for x in &ints {
+                args.int(x);
+            }
+            args.float(&scale).int(&causal);
+        }
+        for x in &all_strides {
+            args.long(x);
+        }
+        let key = job.dropout.map_or(0, Draw::key);
+        args.double(&o.dropout_p).ulong(&key);
+        // SAFETY: the arguments follow the kernel's parameter list (flash_fwd.cu or
+        // mem_eff_fwd.cu); q, k, v and the mask are the tensors' own views and hold every
+        // element their strides reach; o and lse were allocated above for B x H x Lq rows.
+        unsafe { kernel.launch(args, grid) }?;
+    }
+    Ok(output(ordinal, backend, q.dtype(), out_shape, s, out, lse))
+}
+
+/// A fused backend's result on device `ordinal`: `out` (`[.., Lq, Dv]` of `dtype`) and the
+/// f32 log-sum-exp `lse` (`[B, H, Lq]`).
+pub(super) fn output(
+    ordinal: usize,
+    backend: SdpBackend,
+    dtype: DType,
+    out_shape: &[usize],
+    s: &Shape,
+    out: Buffer,
+    lse: Buffer,
+) -> SdpaOutput {
+    let device = Device::Cuda(ordinal);
+    SdpaOutput {
+        output: Tensor::from_storage(Storage::Device(Box::new(out)), dtype, device, out_shape),
+        lse: Some(Tensor::from_storage(
+            Storage::Device(Box::new(lse)),
+            DType::F32,
+            device,
+            &[s.b, s.h, s.lq],
+        )),
+        backend,
+    }
+}
+
+/// The element type a CUDA kernel computes in, for the trace.
+pub(super) fn note(backend: SdpBackend, dtype: DType) -> String {
+    match (backend, dtype.elem()) {
+        (SdpBackend::Flash, Some(Elem::F16 | Elem::Bf16)) => {
+            format!("{dtype} tensor cores (mma.sync), f32 softmax")
+        }
+        _ => "f32 SIMT, online softmax".into(),
+    }
+}

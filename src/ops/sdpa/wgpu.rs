@@ -1,0 +1,134 @@
+//! Flash and memory-efficient attention on wgpu through the generated WGSL kernels.
+
+use super::{Job, SdpaOutput, broadcast_strides};
+use crate::core::sdp::SdpBackend;
+use crate::core::tensor::{Storage, Tensor};
+use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
+use crate::{DType, Device, Error, Result};
+
+/// Flash or memory-efficient attention on wgpu through the generated WGSL.
+pub(super) fn wgpu_fused(
+    index: usize,
+    backend: SdpBackend,
+    pinned: Option<&'static KernelEntry>,
+    job: &Job,
+) -> Result<SdpaOutput> {
+    let Job {
+        query: q,
+        key: k,
+        value: v,
+        options: o,
+        shape: ref s,
+        scale,
+        ref out_shape,
+        ..
+    } = *job;
+    let gpu = crate::runtime::wgpu::gpu(index)?;
+    let elem = if q.dtype() == DType::F16 {
+        Elem::F16
+    } else {
+        Elem::F32
+    };
+    let width = s.d.max(s.dv);
+    let mask = match o.attn_mask.map(Tensor::dtype) {
+        None => MaskKind::None,
+        Some(DType::Bool) => MaskKind::Bool,
+        Some(_) => MaskKind::Additive,
+    };
+    let entry = pinned
+        .filter(|e| e.wgsl.is_some())
+        .or_else(|| {
+            rules::kernel_key(backend.into(), elem, width, o.is_causal, mask)
+                .and_then(|k| crate::kernels::lookup(&k))
+        })
+        .ok_or_else(|| Error::Unavailable {
+            what: "an attention kernel",
+            why: format!("no {backend} variant serves head dim {width}"),
+        })?;
+    let kernel = entry
+        .wgsl
+        .as_ref()
+        .expect("wgpu attention variants have WGSL");
+    let u32_of = |x: usize| {
+        u32::try_from(x).map_err(|_| Error::ShapeMismatch {
+            op: "scaled_dot_product_attention on wgpu",
+            detail: format!("{x} exceeds 32 bits; split the call"),
+        })
+    };
+    let strides = |t: &Tensor| -> [usize; 3] {
+        let st = t.strides();
+        let r = st.len();
+        [if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]]
+    };
+    let mask_strides = o
+        .attn_mask
+        .map_or([0; 4], |m| broadcast_strides(m.shape(), m.strides()));
+    let mut words = vec![s.h, s.hk, s.lq, s.lk, s.d, usize::from(o.is_causal)]
+        .into_iter()
+        .map(u32_of)
+        .collect::<Result<Vec<u32>>>()?;
+    words.push((scale as f32).to_bits());
+    words.push(0);
+    for t in [q, k, v] {
+        for x in strides(t) {
+            words.push(u32_of(x)?);
+        }
+    }
+    for x in [s.h * s.lq * s.dv, s.lq * s.dv, s.dv]
+        .into_iter()
+        .chain(mask_strides)
+    {
+        words.push(u32_of(x)?);
+    }
+    let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let out =
+        crate::runtime::wgpu::Buffer::output(gpu, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
+    let lse = crate::runtime::wgpu::Buffer::output(gpu, s.b * s.h * s.lq * 4)?;
+    let dummy;
+    let mask_buffer = match o.attn_mask {
+        Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
+        None => {
+            dummy = crate::runtime::wgpu::Buffer::zeroed(gpu, 4)?;
+            dummy.raw()
+        }
+    };
+    let buffers = [q, k, v].map(|t| t.wgpu_buffer().expect("wgpu tensors have buffers").raw());
+    let groups = [
+        u32_of(s.lq.div_ceil(kernel.tile[0] as usize))?,
+        u32_of(s.b * s.h)?,
+        1,
+    ];
+    if s.lq > 0 && s.b * s.h > 0 {
+        gpu.run(
+            entry.name,
+            kernel,
+            &[
+                buffers[0],
+                buffers[1],
+                buffers[2],
+                mask_buffer,
+                out.raw(),
+                lse.raw(),
+            ],
+            &params,
+            groups,
+        )?;
+    }
+    let output = Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        q.dtype(),
+        Device::Wgpu(index),
+        out_shape,
+    );
+    let lse = Tensor::from_storage(
+        Storage::Device(Box::new(lse)),
+        DType::F32,
+        Device::Wgpu(index),
+        &[s.b, s.h, s.lq],
+    );
+    Ok(SdpaOutput {
+        output,
+        lse: Some(lse),
+        backend,
+    })
+}
