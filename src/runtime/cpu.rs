@@ -21,7 +21,7 @@ option_enum! {
         NoAvx = "NO AVX",
         /// AVX2 with FMA.
         Avx2 = "AVX2",
-        /// AVX-512 F, BW, VL and DQ.
+        /// AVX-512 F, BW, VL and DQ, with FMA.
         Avx512 = "AVX512",
         /// Arm SVE with 256-bit vectors.
         Sve256 = "SVE256",
@@ -113,7 +113,10 @@ pub fn detected_cpu_capability() -> CpuCapability {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> CpuCapability {
     use std::arch::is_x86_feature_detected as has;
-    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") {
+    // AVX-512 as PyTorch defines the level: F, BW, VL and DQ, with FMA (the AVX-512 kernels
+    // are compiled with FMA enabled).
+    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") && has!("fma")
+    {
         CpuCapability::Avx512
     } else if has!("avx2") && has!("fma") {
         CpuCapability::Avx2
@@ -388,7 +391,7 @@ mod tests {
         let feats = features();
         let detected = detected_cpu_capability();
         if detected == Avx512 {
-            assert!(feats.contains(&"avx512f") && feats.contains(&"avx512dq"));
+            assert!(["avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"].iter().all(|f| feats.contains(f)));
         }
         if cfg!(target_arch = "x86_64") && feats.contains(&"avx2") && feats.contains(&"fma") {
             assert!(matches!(detected, Avx2 | Avx512));

@@ -245,9 +245,12 @@ impl Vector for __m256 {
 }
 
 /// All-ones in 32-bit lanes `0..n` of 8.
+///
+/// # Safety
+/// The CPU has AVX2 (`vpcmpgtd` on 256 bits).
 #[inline(always)]
-fn first_lanes8(n: usize) -> __m256i {
-    // SAFETY: register work; AVX is part of every caller's instruction set.
+unsafe fn first_lanes8(n: usize) -> __m256i {
+    // SAFETY: register work; the caller's CPU has AVX2.
     unsafe {
         let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lane)

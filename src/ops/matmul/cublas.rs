@@ -457,7 +457,7 @@ fn run_cublaslt(
             .map_err(lt_error("cublasLtMatrixLayoutCreate"))?;
         objects.layouts.push(layout);
         use lt::cublasLtMatrixLayoutAttribute_t as L;
-        // SAFETY (both): a live layout; each attribute gets a value of its documented type.
+        // SAFETY: a live layout; each attribute gets a value of its documented type.
         let set = |attribute, value: *const c_void, size| unsafe {
             r::set_matrix_layout_attribute(layout, attribute, value, size)
         };
@@ -488,7 +488,7 @@ fn run_cublaslt(
     let pref = r::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?;
     objects.pref = Some(pref);
     use lt::cublasLtMatmulPreferenceAttributes_t as P;
-    // SAFETY (both): a live preference; the attributes take a u64 size and a u32 mask.
+    // SAFETY: a live preference; the attributes take a u64 size and a u32 mask.
     let set = |which, value: *const c_void, size| unsafe {
         r::set_matmul_pref_attribute(pref, which, value, size)
     };

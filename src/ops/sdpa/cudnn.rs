@@ -806,8 +806,8 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
             let mut handle = std::ptr::null_mut();
-            // SAFETY: creates a handle on the context bound above.
             check(
+                // SAFETY: creates a handle on the context bound above.
                 unsafe { dnn::cudnnCreate(&mut handle) },
                 "cudnnCreate",
                 &ordinal,

@@ -76,8 +76,8 @@ fn describe(ordinal: i32) -> Option<DeviceProperties> {
     use cudarc::driver::sys::CUdevice_attribute as Attr;
 
     let dev = device::get(ordinal).ok()?;
-    // SAFETY: `dev` was returned by cuDeviceGet for a valid ordinal.
     let attr = |a| {
+        // SAFETY: `dev` was returned by cuDeviceGet for a valid ordinal.
         unsafe { device::get_attribute(dev, a) }
             .ok()
             .and_then(|v| u32::try_from(v).ok())
