@@ -10,7 +10,7 @@ use std::process::Command;
 use backends::kernels::{
     self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, PtxParam, lookup,
 };
-use backends_codegen::variants;
+use backends_spec::variants;
 use common::in_child;
 
 #[test]

@@ -3,13 +3,13 @@
 //! `#[sdpa_kernel(...)]`: a compile-time checked choice of scaled-dot-product-attention
 //! backends for a function, re-exported as `backends::sdpa_kernel`.
 //!
-//! The checks read `backends_codegen::rules`, the description of what each backend
+//! The checks read `backends_spec::rules`, the description of what each backend
 //! accepts that the run-time selection reads too, and the kernel declarations that the
 //! dispatch table is generated from.
 
-use backends_codegen::keys::{Elem, MaskKind};
-use backends_codegen::rules::{self, Backend, DeviceKind, Target};
-use backends_codegen::variants;
+use backends_spec::keys::{Elem, MaskKind};
+use backends_spec::rules::{self, Backend, DeviceKind, Target};
+use backends_spec::variants;
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{quote, quote_spanned};
@@ -50,7 +50,7 @@ use syn::{Expr, ExprLit, ItemFn, Lit, Meta, Token};
 ///
 /// Each listed backend must be able to serve such calls on the most capable device of that
 /// kind, by the rules `backends::attention::check` applies at run time
-/// (`backends_codegen::rules`); otherwise compilation fails at the offending token, naming
+/// (`backends_spec::rules`); otherwise compilation fails at the offending token, naming
 /// the rule: e.g. `flash, dtype = f32` (flash on CUDA takes f16/bf16), `flash, mask =
 /// float`, `flash, head_dim = 512`, `cudnn, device = cpu`, an unknown or repeated name.
 ///

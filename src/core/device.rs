@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::{Error, Result};
-use backends_codegen::rules::DeviceKind;
+use backends_spec::rules::DeviceKind;
 
 /// A device: the CPU, a wgpu adapter (by index in [`crate::runtime::wgpu::adapters::list`]) or a CUDA
 /// device (by ordinal).

@@ -1,7 +1,7 @@
 //! Element types.
 
 use crate::core::flag::option_enum;
-use backends_codegen::keys::Elem;
+use backends_spec::keys::Elem;
 
 option_enum! {
     /// An element type. Spelled short (`bf16`); PyTorch's names (`bfloat16`) are accepted.

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use backends_codegen::rules::{self, HeadDims};
+use backends_spec::rules::{self, HeadDims};
 
 use crate::core::flag::{FlagValue, option_enum};
 use crate::{DType, Device};

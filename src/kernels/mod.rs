@@ -11,10 +11,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
-pub use backends_codegen::keys::*;
-pub use backends_codegen::rules;
-pub use backends_codegen::table::*;
-pub use backends_codegen::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS};
+pub use backends_spec::keys::*;
+pub use backends_spec::rules;
+pub use backends_spec::table::*;
+pub use backends_spec::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS};
 
 pub(crate) mod attention;
 pub(crate) mod convert;

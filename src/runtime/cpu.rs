@@ -115,8 +115,7 @@ fn detect() -> CpuCapability {
     use std::arch::is_x86_feature_detected as has;
     // AVX-512 as PyTorch defines the level: F, BW, VL and DQ, with FMA (the AVX-512 kernels
     // are compiled with FMA enabled).
-    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") && has!("fma")
-    {
+    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512dq") && has!("fma") {
         CpuCapability::Avx512
     } else if has!("avx2") && has!("fma") {
         CpuCapability::Avx2
@@ -391,7 +390,11 @@ mod tests {
         let feats = features();
         let detected = detected_cpu_capability();
         if detected == Avx512 {
-            assert!(["avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"].iter().all(|f| feats.contains(f)));
+            assert!(
+                ["avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"]
+                    .iter()
+                    .all(|f| feats.contains(f))
+            );
         }
         if cfg!(target_arch = "x86_64") && feats.contains(&"avx2") && feats.contains(&"fma") {
             assert!(matches!(detected, Avx2 | Avx512));

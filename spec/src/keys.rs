@@ -253,7 +253,7 @@ impl KernelKey {
         }
     }
 
-    /// The key as a Rust expression over `backends_codegen::keys` (for generated tables).
+    /// The key as a Rust expression over `backends_spec::keys` (for generated tables).
     pub fn rust_expr(&self) -> String {
         let elem = |e: Elem| format!("Elem::{e:?}");
         let mask = |m: MaskKind| format!("MaskKind::{m:?}");
