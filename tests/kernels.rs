@@ -136,10 +136,6 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Gemm => [n(B64, 3), n(B32, 6), n(B64, 8)].concat(),
         // partials, C; M, N, batch, splits; c_batch, c_row.
         Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
-        // x, y; rows, cols; scale.
-        Family::Softmax => vec![B64, B64, B32, B32, F32],
-        // S, mask; B, H, Lq, Lk, causal; 4 mask strides.
-        Family::MaskedAdd => [n(B64, 2), n(B32, 5), n(B64, 4)].concat(),
         // q, k, v, o, lse; H, Hk, Lq, Lk; scale; 12 strides; dropout_p, seed.
         Family::FlashFwd => [n(B64, 5), n(B32, 4), vec![F32], n(B64, 12), vec![F64, B64]].concat(),
         // q, k, v, mask, o, lse; H, Hk, Lq, Lk, D; scale; causal; 16 strides; dropout_p, seed.
@@ -314,19 +310,17 @@ fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
         return;
     }
     assert_eq!(kernels::cuda_code(), kernels::CudaCode::Jit);
-    let module = kernels::cuda_module(Family::Softmax).unwrap();
+    let module = kernels::cuda_module(Family::Scale).unwrap();
     let aot = module.ptx.iter().find(|(sm, _)| *sm == 80).unwrap().1;
     // sm_86 has no PTX of its own: the fallback targets the newest declared arch below it.
-    let jit = kernels::ptx_for(Family::Softmax, 86).unwrap();
+    let jit = kernels::ptx_for(Family::Scale, 86).unwrap();
     assert_eq!(
         jit, aot,
         "NVRTC is deterministic: run-time PTX equals build-time PTX"
     );
-    let again = kernels::ptx_for(Family::Softmax, 86).unwrap();
+    let again = kernels::ptx_for(Family::Scale, 86).unwrap();
     assert_eq!(again, jit);
-    let err = kernels::ptx_for(Family::Softmax, 75)
-        .unwrap_err()
-        .to_string();
+    let err = kernels::ptx_for(Family::Scale, 75).unwrap_err().to_string();
     assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
 }
 

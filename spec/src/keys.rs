@@ -120,22 +120,6 @@ pub struct ScaleKey {
     pub elem: Elem,
 }
 
-/// Row softmax (math attention).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SoftmaxKey {
-    /// Element type.
-    pub elem: Elem,
-}
-
-/// Mask application to a score matrix (math attention).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MaskedAddKey {
-    /// Score type.
-    pub elem: Elem,
-    /// The mask's kind (`Bool` or `Additive`).
-    pub mask: MaskKind,
-}
-
 /// Flash attention forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlashKey {
@@ -165,10 +149,6 @@ pub enum Family {
     Gemm,
     /// Split-K reduction.
     SplitKReduce,
-    /// Row softmax.
-    Softmax,
-    /// Mask application.
-    MaskedAdd,
     /// Flash attention forward.
     FlashFwd,
     /// Memory-efficient attention forward.
@@ -179,11 +159,9 @@ pub enum Family {
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 5] = [
         Family::Gemm,
         Family::SplitKReduce,
-        Family::Softmax,
-        Family::MaskedAdd,
         Family::FlashFwd,
         Family::MemEffFwd,
         Family::Scale,
@@ -194,8 +172,6 @@ impl Family {
         match self {
             Family::Gemm => "gemm",
             Family::SplitKReduce => "splitk_reduce",
-            Family::Softmax => "softmax",
-            Family::MaskedAdd => "masked_add",
             Family::FlashFwd => "flash_fwd",
             Family::MemEffFwd => "mem_eff_fwd",
             Family::Scale => "scale",
@@ -207,8 +183,6 @@ impl Family {
         match self {
             Family::Gemm => Some("gemm"),
             Family::SplitKReduce | Family::Scale => None,
-            Family::Softmax => Some("softmax"),
-            Family::MaskedAdd => Some("masked_add"),
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
         }
     }
@@ -227,10 +201,6 @@ pub enum KernelKey {
     Gemm(GemmKey),
     /// A split-K reduction.
     SplitKReduce(SplitKReduceKey),
-    /// A row softmax.
-    Softmax(SoftmaxKey),
-    /// A mask application.
-    MaskedAdd(MaskedAddKey),
     /// Flash attention forward.
     FlashFwd(FlashKey),
     /// Memory-efficient attention forward.
@@ -245,8 +215,6 @@ impl KernelKey {
         match self {
             KernelKey::Gemm(_) => Family::Gemm,
             KernelKey::SplitKReduce(_) => Family::SplitKReduce,
-            KernelKey::Softmax(_) => Family::Softmax,
-            KernelKey::MaskedAdd(_) => Family::MaskedAdd,
             KernelKey::FlashFwd(_) => Family::FlashFwd,
             KernelKey::MemEffFwd(_) => Family::MemEffFwd,
             KernelKey::Scale(_) => Family::Scale,
@@ -273,15 +241,6 @@ impl KernelKey {
             KernelKey::Scale(k) => {
                 format!("KernelKey::Scale(ScaleKey {{ elem: {} }})", elem(k.elem))
             }
-            KernelKey::Softmax(k) => format!(
-                "KernelKey::Softmax(SoftmaxKey {{ elem: {} }})",
-                elem(k.elem)
-            ),
-            KernelKey::MaskedAdd(k) => format!(
-                "KernelKey::MaskedAdd(MaskedAddKey {{ elem: {}, mask: {} }})",
-                elem(k.elem),
-                mask(k.mask)
-            ),
             KernelKey::FlashFwd(k) => format!(
                 "KernelKey::FlashFwd(FlashKey {{ elem: {}, head_dim: {}, causal: {} }})",
                 elem(k.elem),

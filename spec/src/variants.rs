@@ -185,69 +185,6 @@ fn scale(elem: Elem) -> Variant {
     }
 }
 
-fn softmax(elem: Elem) -> Variant {
-    Variant {
-        key: KernelKey::Softmax(SoftmaxKey { elem }),
-        name: format!("softmax_{}", elem.name()),
-        cuda: Some(CudaSpec {
-            defines: vec![cuda_t(elem)],
-            launch: Launch {
-                threads: [128, 1, 1],
-                tile: [4, 1],
-                shared_bytes: 0,
-            },
-            min_sm: 80,
-        }),
-        wgsl: wgsl_t(elem).map(|t| WgslSpec {
-            decls: vec![t],
-            launch: Launch {
-                threads: [64, 1, 1],
-                tile: [1, 1],
-                shared_bytes: 4 * 64,
-            },
-            needs_f16: elem == Elem::F16,
-        }),
-    }
-}
-
-fn masked_add(elem: Elem, mask: MaskKind) -> Variant {
-    let cuda_mask = if mask == MaskKind::Bool {
-        "unsigned char"
-    } else {
-        elem.cuda_type()
-    };
-    Variant {
-        key: KernelKey::MaskedAdd(MaskedAddKey { elem, mask }),
-        name: format!("masked_add_{}_{}", elem.name(), mask.name()),
-        cuda: Some(CudaSpec {
-            defines: vec![
-                cuda_t(elem),
-                ("M", cuda_mask.to_string()),
-                ("MASK_KIND", mask.code().to_string()),
-            ],
-            launch: Launch {
-                threads: [256, 1, 1],
-                tile: [256, 1],
-                shared_bytes: 0,
-            },
-            min_sm: 80,
-        }),
-        wgsl: wgsl_t(elem).map(|t| WgslSpec {
-            decls: vec![
-                t,
-                wgsl_mask_t(elem, mask),
-                WgslDecl::Const("MASK_KIND", mask.code()),
-            ],
-            launch: Launch {
-                threads: [256, 1, 1],
-                tile: [256, 1],
-                shared_bytes: 0,
-            },
-            needs_f16: elem == Elem::F16,
-        }),
-    }
-}
-
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -388,12 +325,6 @@ pub fn all() -> Vec<Variant> {
     }
     for elem in [F32, F64] {
         v.push(scale(elem));
-    }
-    for elem in [F32, F16, Bf16] {
-        v.push(softmax(elem));
-        for mask in [MaskKind::Bool, MaskKind::Additive] {
-            v.push(masked_add(elem, mask));
-        }
     }
     // Flash in f32 runs on wgpu only, in bf16 on CUDA only (WGSL has no bf16).
     for elem in [F32, F16, Bf16] {
