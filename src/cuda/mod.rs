@@ -71,7 +71,8 @@ pub fn is_flash_attention_available() -> bool {
 pub fn synchronize(ordinal: usize) -> crate::Result<()> {
     #[cfg(feature = "cuda")]
     {
-        crate::runtime::cuda::memory::stream(ordinal)?
+        crate::runtime::cuda::device::CudaDevice::get(ordinal)?
+            .stream()
             .synchronize()
             .map_err(|e| crate::Error::Driver {
                 call: "cuStreamSynchronize",

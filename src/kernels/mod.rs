@@ -7,9 +7,6 @@
 //! ("JIT"), caching the result in the process and on disk.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, LazyLock, Mutex};
 
 pub use backends_spec::keys::*;
 pub use backends_spec::rules;
@@ -19,6 +16,7 @@ pub use backends_spec::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS
 pub(crate) mod attention;
 pub(crate) mod convert;
 pub(crate) mod gemm;
+mod jit;
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
@@ -64,26 +62,11 @@ pub fn cuda_code() -> CudaCode {
         CudaCode::None
     } else if !PTX_ARCHS.is_empty() && !aot_disabled() {
         CudaCode::Aot
-    } else if nvrtc().is_ok() {
+    } else if jit::nvrtc().is_ok() {
         CudaCode::Jit
     } else {
         CudaCode::None
     }
-}
-
-#[cfg(feature = "cuda")]
-fn nvrtc() -> Result<&'static str> {
-    let built_with = Some(env!("BACKENDS_BUILD_NVRTC")).filter(|p| !p.is_empty());
-    backends_codegen::nvrtc::load(built_with)
-        .map_err(|why| Error::Unavailable { what: "NVRTC", why })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn nvrtc() -> Result<&'static str> {
-    Err(Error::Unavailable {
-        what: "NVRTC",
-        why: "this build has no CUDA support: enable the `cuda` feature".into(),
-    })
 }
 
 /// The CUDA module source of `family`.
@@ -107,76 +90,7 @@ pub fn ptx_for(family: Family, sm: u32) -> Result<Cow<'static, str>> {
     {
         return Ok(Cow::Borrowed(ptx));
     }
-    jit(module, sm).map(|ptx| Cow::Owned(ptx.to_string()))
-}
-
-/// The newest declared architecture not above `sm`: what run-time compilation targets.
-fn jit_arch(sm: u32) -> Result<u32> {
-    CUDA_ARCHS.iter().copied().filter(|&a| a <= sm).max().ok_or_else(|| Error::Unavailable {
-        what: "CUDA kernels",
-        why: format!("sm_{sm} is older than every supported architecture ({CUDA_ARCHS:?}); use an sm_80 or newer GPU"),
-    })
-}
-
-fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os(CACHE_DIR_ENV)
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .map(|c| c.join("backends"))
-        })?;
-    Some(base.join("ptx"))
-}
-
-fn jit(module: &'static CudaModuleSource, sm: u32) -> Result<Arc<str>> {
-    type Compiled = HashMap<(u64, u32), Arc<str>>;
-    static MEMORY: LazyLock<Mutex<Compiled>> = LazyLock::new(Default::default);
-    let arch = jit_arch(sm)?;
-    let key = (module.hash, arch);
-    if let Some(ptx) = MEMORY.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(ptx.clone());
-    }
-    let file = cache_dir().map(|d| {
-        d.join(format!(
-            "{}-{:016x}.sm_{arch}.ptx",
-            module.family, module.hash
-        ))
-    });
-    let cached = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
-    let ptx: Arc<str> = match cached {
-        Some(ptx) => ptx.into(),
-        None => {
-            let compiled = compile(module, arch)?;
-            if let Some(file) = &file {
-                // A cache that cannot be written only costs a compile next time.
-                let _ = std::fs::create_dir_all(file.parent().expect("a cache file has a folder"))
-                    .and_then(|()| std::fs::write(file, &compiled));
-            }
-            compiled.into()
-        }
-    };
-    MEMORY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, ptx.clone());
-    Ok(ptx)
-}
-
-#[cfg(feature = "cuda")]
-fn compile(module: &CudaModuleSource, arch: u32) -> Result<String> {
-    nvrtc()?;
-    crate::core::verbose::creation_event(|| {
-        format!("nvrtc compile {}.cu for sm_{arch}", module.family)
-    });
-    backends_codegen::nvrtc::compile(module.source, &format!("{}.cu", module.family), arch)
-        .map_err(Error::Compile)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn compile(_: &CudaModuleSource, _: u32) -> Result<String> {
-    Err(nvrtc().expect_err("without the cuda feature NVRTC is never available"))
+    jit::compiled(module, sm).map(|ptx| Cow::Owned(ptx.to_string()))
 }
 
 /// A kernel parameter's PTX type: what a launch must pass in its place.
@@ -216,7 +130,7 @@ pub(crate) fn report() -> serde_json::Value {
     serde_json::json!({
         "code": cuda_code().to_string(),
         "ptx_archs": PTX_ARCHS.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>(),
-        "nvrtc": nvrtc().map_err(|e| e.to_string()).map_or_else(|e| serde_json::json!({"error": e}), |p| serde_json::json!(p)),
+        "nvrtc": jit::nvrtc().map_err(|e| e.to_string()).map_or_else(|e| serde_json::json!({"error": e}), |p| serde_json::json!(p)),
         "kernels": ENTRIES.len(),
         "cuda_kernels": ENTRIES.iter().filter(|e| e.cuda.is_some()).count(),
         "wgsl_kernels": ENTRIES.iter().filter(|e| e.wgsl.is_some()).count(),

@@ -18,9 +18,11 @@ fn upload(
 ) -> Result<Storage> {
     let memory: Box<dyn DeviceMemory> = match device {
         Device::Cpu => return Ok(Storage::Cpu(host())),
-        Device::Wgpu(index) => Box::new(crate::runtime::wgpu::Buffer::upload(index, dtype, bytes)?),
+        Device::Wgpu(index) => Box::new(crate::runtime::wgpu::WgpuBuffer::upload(
+            index, dtype, bytes,
+        )?),
         #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => Box::new(crate::runtime::cuda::memory::Buffer::upload(
+        Device::Cuda(ordinal) => Box::new(crate::runtime::cuda::memory::CudaBuffer::upload(
             ordinal, bytes,
         )?),
         #[cfg(not(feature = "cuda"))]
@@ -123,13 +125,13 @@ impl Tensor {
     }
 
     /// The device buffer of a wgpu tensor.
-    pub(crate) fn wgpu_buffer(&self) -> Option<&crate::runtime::wgpu::Buffer> {
+    pub(crate) fn wgpu_buffer(&self) -> Option<&crate::runtime::wgpu::WgpuBuffer> {
         self.device_memory()
     }
 
     /// The device buffer of a CUDA tensor.
     #[cfg(feature = "cuda")]
-    pub(crate) fn cuda_buffer(&self) -> Option<&crate::runtime::cuda::memory::Buffer> {
+    pub(crate) fn cuda_buffer(&self) -> Option<&crate::runtime::cuda::memory::CudaBuffer> {
         self.device_memory()
     }
 }

@@ -11,7 +11,9 @@ use cudarc::driver::{CudaView, DevicePtr};
 use super::{Direction, PlanKey};
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelKey, ScaleKey};
-use crate::runtime::cuda::memory::{Buffer, Kernel, bind, grid_dim, long_arg, stream};
+use crate::runtime::cuda::device::CudaDevice;
+use crate::runtime::cuda::launch::{Kernel, grid_dim, long_arg};
+use crate::runtime::cuda::memory::CudaBuffer;
 use crate::{DType, Device, Error, Result};
 
 /// A cuFFT plan; cuFFT plans are not to run concurrently, so execution takes the lock.
@@ -77,12 +79,12 @@ pub(crate) fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
     let mut n = key
         .sizes
         .iter()
-        .map(|&s| crate::runtime::cuda::memory::int_arg(op, s))
+        .map(|&s| crate::runtime::cuda::launch::int_arg(op, s))
         .collect::<Result<Vec<c_int>>>()?;
     let rank = n.len() as c_int;
-    let batch = crate::runtime::cuda::memory::int_arg(op, key.batch)?;
-    let stream = stream(ordinal)?;
-    bind(ordinal)?;
+    let batch = crate::runtime::cuda::launch::int_arg(op, key.batch)?;
+    let stream = CudaDevice::get(ordinal)?.stream();
+    CudaDevice::get(ordinal)?.bind()?;
     crate::core::verbose::creation_event(|| {
         format!(
             "cufft plan {:?} x{} {:?}",
@@ -130,11 +132,11 @@ pub(crate) fn run(
     ordinal: usize,
     plan: &Plan,
     key: &PlanKey,
-    (input, offset): (&Buffer, usize),
+    (input, offset): (&CudaBuffer, usize),
     out_len: usize,
     norm: usize,
-) -> Result<Buffer> {
-    let out = Buffer::zeroed(ordinal, out_len)?;
+) -> Result<CudaBuffer> {
+    let out = CudaBuffer::zeroed(ordinal, out_len)?;
     execute(ordinal, plan, key, input.view(offset), out.view(0))?;
     if matches!(key.direction, Direction::Inverse | Direction::RealInverse) {
         scale(ordinal, &out, key.dtype, 1.0 / norm as f64)?;
@@ -150,8 +152,8 @@ fn execute(
     source: CudaView<'_, u8>,
     target: CudaView<'_, u8>,
 ) -> Result<()> {
-    bind(ordinal)?;
-    let stream = stream(ordinal)?;
+    CudaDevice::get(ordinal)?.bind()?;
+    let stream = CudaDevice::get(ordinal)?.stream();
     let (from, _from_sync) = source.device_ptr(&stream);
     let (to, _to_sync) = target.device_ptr(&stream);
     let (from, to) = (from as *mut std::ffi::c_void, to as *mut std::ffi::c_void);
@@ -179,7 +181,7 @@ fn execute(
 }
 
 /// `buffer *= factor`, elementwise, on the device.
-fn scale(ordinal: usize, buffer: &Buffer, dtype: DType, factor: f64) -> Result<()> {
+fn scale(ordinal: usize, buffer: &CudaBuffer, dtype: DType, factor: f64) -> Result<()> {
     let elem = if dtype == DType::F64 {
         Elem::F64
     } else {
@@ -200,7 +202,7 @@ fn scale(ordinal: usize, buffer: &Buffer, dtype: DType, factor: f64) -> Result<(
 }
 
 /// A CUDA tensor over `buffer`.
-pub(crate) fn tensor(buffer: Buffer, shape: &[usize], dtype: DType, ordinal: usize) -> Tensor {
+pub(crate) fn tensor(buffer: CudaBuffer, shape: &[usize], dtype: DType, ordinal: usize) -> Tensor {
     Tensor::from_storage(
         Storage::Device(Box::new(buffer)),
         dtype,

@@ -3,9 +3,8 @@
 //! algorithm), each with the compute type and reduction rules the precision flags ask for.
 //! Both are loaded at run time; without them the generated kernels serve.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::cublas::sys as blas;
 use cudarc::cublaslt::sys as lt;
@@ -15,7 +14,9 @@ use half::f16;
 use super::Problem;
 use crate::core::precision::matmul as flags;
 use crate::core::tensor::Tensor;
-use crate::runtime::cuda::memory::{Buffer, bind, int_arg, stream};
+use crate::runtime::cuda::device::CudaDevice;
+use crate::runtime::cuda::launch::int_arg;
+use crate::runtime::cuda::memory::CudaBuffer;
 use crate::{DType, Error, Fp32Precision, Result};
 
 /// Which vendor library serves a product.
@@ -57,24 +58,27 @@ const LT_WORKSPACE: usize = 32 << 20;
 /// INPLACE = 1, COMPUTE_TYPE = 2, OUTPUT_TYPE = 4).
 const REDUCE_IN_COMPUTE_TYPE: u32 = 1 | 2;
 
-/// One device's library handles (and cuBLASLt's workspace), used under `HANDLES`' lock.
+/// One device's library handles (and cuBLASLt's workspace), created on first use.
+#[derive(Default)]
 struct Handles {
     cublas: Option<blas::cublasHandle_t>,
-    cublaslt: Option<(lt::cublasLtHandle_t, Buffer)>,
+    cublaslt: Option<(lt::cublasLtHandle_t, CudaBuffer)>,
 }
 
 // SAFETY: the handles may be used from any thread, one call at a time; every use goes
-// through the mutex in `HANDLES`.
+// through the mutex of the device's `DeviceHandles`.
 unsafe impl Send for Handles {}
 
-static HANDLES: LazyLock<Mutex<HashMap<usize, Handles>>> = LazyLock::new(Default::default);
+/// The handles of one device, kept with it ([`CudaDevice::state`]).
+#[derive(Default)]
+struct DeviceHandles(Mutex<Handles>);
 
 /// Why `vendor` cannot serve products on device `ordinal`, or `None` when it can.
 pub(super) fn why_unusable(vendor: Vendor, ordinal: usize) -> Option<String> {
     if !vendor.present() {
         return Some(format!("{} is not loadable here", vendor.name()));
     }
-    stream(ordinal).err().map(|e| e.to_string())
+    CudaDevice::get(ordinal).err().map(|e| e.to_string())
 }
 
 /// How the libraries are asked to multiply, from the flags.
@@ -234,17 +238,18 @@ pub(super) fn gemm(
     a: &Tensor,
     b: &Tensor,
     p: &Problem,
-    out: &Buffer,
+    out: &CudaBuffer,
 ) -> Result<()> {
     let ops = operands(p)?;
     let dtype = a.dtype();
-    let stream = stream(ordinal)?;
-    bind(ordinal)?;
-    let mut all = HANDLES.lock().unwrap_or_else(|e| e.into_inner());
-    let handles = all.entry(ordinal).or_insert(Handles {
-        cublas: None,
-        cublaslt: None,
-    });
+    let device = CudaDevice::get(ordinal)?;
+    let stream = device.stream();
+    device.bind()?;
+    let mut handles = device
+        .state::<DeviceHandles>()
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let size = dtype.size();
     let (a_view, b_view, c_view) = (
         a.cuda_buffer()
@@ -294,7 +299,7 @@ pub(super) fn gemm(
             if handles.cublaslt.is_none() {
                 let handle = cudarc::cublaslt::result::create_handle()
                     .map_err(lt_error("cublasLtCreate"))?;
-                handles.cublaslt = Some((handle, Buffer::zeroed(ordinal, LT_WORKSPACE)?));
+                handles.cublaslt = Some((handle, CudaBuffer::zeroed(ordinal, LT_WORKSPACE)?));
             }
             let (handle, workspace) = handles.cublaslt.as_ref().expect("created above");
             let workspace = workspace.view(0);

@@ -10,7 +10,8 @@
 use super::blas::{BlasBackend, preferred_blas_library};
 use super::{Problem, cublas, shapes};
 use crate::core::precision::matmul as flags;
-use crate::runtime::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::launch::{Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::memory::CudaBuffer;
 
 use crate::core::tensor::{Storage, Tensor};
 use crate::core::trace::{self, Call};
@@ -92,7 +93,7 @@ fn splits(p: &Problem, tile: [u32; 2], sms: usize) -> usize {
 pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
     let dtype = a.dtype();
     let (key, note) = variant(dtype)?;
-    let out = Buffer::zeroed(ordinal, p.outputs() * dtype.size())?;
+    let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
     let output = |out| {
         Tensor::from_storage(
             Storage::Device(Box::new(out)),
@@ -143,7 +144,7 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
     let op = "matmul on CUDA";
     let partials = (splits > 1)
         .then(|| {
-            Buffer::zeroed(
+            CudaBuffer::zeroed(
                 ordinal,
                 splits * p.batch * p.m * p.n * DType::from(key.partials).size(),
             )

@@ -365,9 +365,9 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         .expect("the wgpu GEMM variants have WGSL");
     let out_bytes = p.outputs() * a.dtype().size();
     let out = if p.k == 0 {
-        crate::runtime::wgpu::Buffer::zeroed(gpu, out_bytes)?
+        crate::runtime::wgpu::WgpuBuffer::zeroed(gpu, out_bytes)?
     } else {
-        crate::runtime::wgpu::Buffer::output(gpu, out_bytes)?
+        crate::runtime::wgpu::WgpuBuffer::output(gpu, out_bytes)?
     };
     if p.outputs() > 0 && p.k > 0 {
         let fits = |v: usize| {

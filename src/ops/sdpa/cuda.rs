@@ -8,7 +8,8 @@ use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::attention::Shape;
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::runtime::cuda::memory::{Buffer, Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::launch::{Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::memory::CudaBuffer;
 use crate::{DType, Device, Error, Result};
 
 const OP: &str = "scaled_dot_product_attention on CUDA";
@@ -86,8 +87,8 @@ pub(super) fn fused(
         });
     }
     let size = q.dtype().size();
-    let out = Buffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * size)?;
-    let lse = Buffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
+    let out = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * size)?;
+    let lse = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
     if s.lq > 0 && s.b * s.h > 0 {
         let views = [q, k, v].map(|t| {
             t.cuda_buffer()
@@ -161,8 +162,8 @@ pub(super) fn output(
     dtype: DType,
     out_shape: &[usize],
     s: &Shape,
-    out: Buffer,
-    lse: Buffer,
+    out: CudaBuffer,
+    lse: CudaBuffer,
 ) -> SdpaOutput {
     let device = Device::Cuda(ordinal);
     SdpaOutput {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::rc::Rc;
-use std::sync::{LazyLock, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::DevicePtr;
@@ -21,7 +21,8 @@ use cudarc::driver::DevicePtr;
 use super::{Job, SdpaOutput};
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::Tensor;
-use crate::runtime::cuda::memory::{Buffer, bind, stream};
+use crate::runtime::cuda::device::CudaDevice;
+use crate::runtime::cuda::memory::CudaBuffer;
 use crate::{DType, Error, Result};
 
 use dnn::cudnnBackendAttributeName_t as A;
@@ -517,18 +518,21 @@ struct Plan {
     _sources: Rc<Sources>,
 }
 
-/// One device's cuDNN handle and plans, used under `DEVICES`' lock.
+/// One device's cuDNN handle and plans, used under the lock of its [`CudnnDevice`].
 struct DeviceState {
     handle: dnn::cudnnHandle_t,
     plans: HashMap<Spec, Plan>,
 }
 
-// SAFETY: the handle and plans are used from one thread at a time, under `DEVICES`' lock;
-// the `Rc`s a plan holds are shared only with plans built in the same call, which are kept
-// in the same state or dropped before the lock is released.
+// SAFETY: the handle and plans are used from one thread at a time, under the device's
+// lock; the `Rc`s a plan holds are shared only with plans built in the same call, which are
+// kept in the same state or dropped before the lock is released.
 unsafe impl Send for DeviceState {}
 
-static DEVICES: LazyLock<Mutex<HashMap<usize, DeviceState>>> = LazyLock::new(Default::default);
+/// cuDNN's state on one device (created on first use), kept with the device
+/// ([`CudaDevice::state`]).
+#[derive(Default)]
+struct CudnnDevice(Mutex<Option<DeviceState>>);
 
 /// Plans kept per device before the cache starts over.
 const PLANS_PER_DEVICE: usize = 64;
@@ -705,8 +709,8 @@ pub(super) fn attention(ordinal: usize, job: &Job) -> Result<SdpaOutput> {
                 .into(),
         });
     }
-    let out = Buffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
-    let lse = Buffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
+    let out = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
+    let lse = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
     // An empty batch has nothing to compute (empty sequences never select cuDNN).
     if s.b * s.h * s.lq > 0 {
         execute(ordinal, job, &out, &lse)?;
@@ -724,7 +728,7 @@ pub(super) fn attention(ordinal: usize, job: &Job) -> Result<SdpaOutput> {
 
 /// Binds `job`'s tensors, `out` (`[B, H, Lq, Dv]`) and `lse` (`[B, H, Lq]`, f32) to the
 /// cached plan for their shape (built on first use) and runs it on the device's stream.
-fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> {
+fn execute(ordinal: usize, job: &Job, out: &CudaBuffer, lse: &CudaBuffer) -> Result<()> {
     let Job {
         query: q,
         key: k,
@@ -735,7 +739,7 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         ..
     } = *job;
     let size = q.dtype().size();
-    let stream = stream(ordinal)?;
+    let stream = CudaDevice::get(ordinal)?.stream();
     let views = [q, k, v].map(|t| {
         t.cuda_buffer()
             .expect("a CUDA tensor has a buffer")
@@ -746,8 +750,8 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
     // cuDNN's Philox takes the generator's seed and offset as they are.
     let seeds = match job.dropout {
         Some(draw) => Some([
-            Buffer::upload(ordinal, &(draw.seed as i64).to_ne_bytes())?,
-            Buffer::upload(ordinal, &(draw.offset as i64).to_ne_bytes())?,
+            CudaBuffer::upload(ordinal, &(draw.seed as i64).to_ne_bytes())?,
+            CudaBuffer::upload(ordinal, &(draw.offset as i64).to_ne_bytes())?,
         ]),
         None => None,
     };
@@ -791,7 +795,7 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         ]);
     }
     let (ids, addresses): (Vec<i64>, Vec<*mut c_void>) = bound.into_iter().unzip();
-    let run = |handle, plan: &Plan, workspace: &Buffer| -> Result<()> {
+    let run = |handle, plan: &Plan, workspace: &CudaBuffer| -> Result<()> {
         let view = workspace.view(0);
         let (w_ptr, _w_sync) = view.device_ptr(&stream);
         // SAFETY: every pointer stays valid until the call returns (device buffers held by
@@ -800,11 +804,16 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         unsafe { launch(handle, plan, &ids, &addresses, device(w_ptr)) }
     };
 
-    bind(ordinal)?;
-    let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-    let state = match devices.entry(ordinal) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => {
+    let device = CudaDevice::get(ordinal)?;
+    device.bind()?;
+    let mut slot = device
+        .state::<CudnnDevice>()
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let state = match &mut *slot {
+        Some(state) => state,
+        empty => {
             let mut handle = std::ptr::null_mut();
             check(
                 // SAFETY: creates a handle on the context bound above.
@@ -815,7 +824,7 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
             // SAFETY: a fresh handle and the device's live default stream.
             let status = unsafe { dnn::cudnnSetStream(handle, stream.cu_stream() as _) };
             check(status, "cudnnSetStream", &ordinal)?;
-            e.insert(DeviceState {
+            empty.insert(DeviceState {
                 handle,
                 plans: HashMap::new(),
             })
@@ -836,7 +845,7 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         let mut candidates = build_plans(handle, &spec, wanted)?;
         if candidates.len() > 1 {
             let most = candidates.iter().map(|p| p.workspace).max().unwrap_or(0);
-            let workspace = Buffer::zeroed(ordinal, most.max(1))?;
+            let workspace = CudaBuffer::zeroed(ordinal, most.max(1))?;
             let sync = || {
                 stream.synchronize().map_err(|e| Error::Driver {
                     call: "cuStreamSynchronize",
@@ -869,7 +878,7 @@ fn execute(ordinal: usize, job: &Job, out: &Buffer, lse: &Buffer) -> Result<()> 
         state.plans.insert(spec.clone(), plan);
     }
     let plan = &state.plans[&spec];
-    let workspace = Buffer::zeroed(ordinal, plan.workspace.max(1))?;
+    let workspace = CudaBuffer::zeroed(ordinal, plan.workspace.max(1))?;
     run(handle, plan, &workspace)
 }
 

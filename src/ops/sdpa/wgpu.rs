@@ -82,13 +82,13 @@ pub(super) fn wgpu_fused(
     }
     let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let out =
-        crate::runtime::wgpu::Buffer::output(gpu, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
-    let lse = crate::runtime::wgpu::Buffer::output(gpu, s.b * s.h * s.lq * 4)?;
+        crate::runtime::wgpu::WgpuBuffer::output(gpu, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
+    let lse = crate::runtime::wgpu::WgpuBuffer::output(gpu, s.b * s.h * s.lq * 4)?;
     let dummy;
     let mask_buffer = match o.attn_mask {
         Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
         None => {
-            dummy = crate::runtime::wgpu::Buffer::zeroed(gpu, 4)?;
+            dummy = crate::runtime::wgpu::WgpuBuffer::zeroed(gpu, 4)?;
             dummy.raw()
         }
     };

@@ -1,11 +1,11 @@
-//! Loads the kernel modules on a CUDA device: one module per family, loaded once, lazily,
-//! after checking that the driver accepts the PTX's ISA version.
+//! Loading kernel modules onto a CUDA device: the PTX of a family for the device's
+//! architecture, once the driver is known to accept its ISA version.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule};
 
+use super::device::CudaDevice;
 use crate::kernels::{self, Family};
 use crate::{Error, Result};
 
@@ -47,55 +47,30 @@ pub fn check_ptx_version(ptx: &str, driver: u32) -> Result<()> {
     })
 }
 
-/// The context of device `ordinal` (the primary context, retained once per process).
-pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
-    static CONTEXTS: LazyLock<Mutex<HashMap<usize, Arc<CudaContext>>>> =
-        LazyLock::new(Default::default);
-    if ordinal >= super::device_count() {
-        return Err(Error::Unavailable {
-            what: "CUDA device",
-            why: format!(
-                "there is no cuda:{ordinal} ({} device(s); {})",
-                super::device_count(),
-                super::unavailable_reason().unwrap_or("pick a lower ordinal")
-            ),
-        });
-    }
-    let mut contexts = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(ctx) = contexts.get(&ordinal) {
-        return Ok(ctx.clone());
-    }
-    let ctx = CudaContext::new(ordinal).map_err(|e| Error::Driver {
-        call: "cuDevicePrimaryCtxRetain",
-        detail: format!("{e:?}"),
-    })?;
-    contexts.insert(ordinal, ctx.clone());
-    Ok(ctx)
+/// The module of `family` on device `ordinal` (see [`CudaDevice::module`]).
+pub fn module(ordinal: usize, family: Family) -> Result<Arc<CudaModule>> {
+    CudaDevice::get(ordinal)?.module(family)
 }
 
-/// The module of `family` on device `ordinal`, loaded on first use.
-pub fn module(ordinal: usize, family: Family) -> Result<Arc<CudaModule>> {
-    type Modules = HashMap<(usize, Family), Arc<CudaModule>>;
-    static MODULES: LazyLock<Mutex<Modules>> = LazyLock::new(Default::default);
-    let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(module) = modules.get(&(ordinal, family)) {
-        return Ok(module.clone());
-    }
-    let ctx = context(ordinal)?;
+/// Loads the module of `family` into `context` (device `ordinal`): its PTX for the device's
+/// architecture, once the driver's PTX ISA is checked.
+pub(super) fn load(
+    context: &Arc<CudaContext>,
+    ordinal: usize,
+    family: Family,
+) -> Result<Arc<CudaModule>> {
     let (major, minor) = super::get_device_capability(ordinal).unwrap_or((0, 0));
     let ptx = kernels::ptx_for(family, major * 10 + minor)?;
     if let Some(driver) = super::driver_version() {
         check_ptx_version(&ptx, driver)?;
     }
     crate::core::verbose::creation_event(|| format!("load module {family} on cuda:{ordinal}"));
-    let module = ctx
+    context
         .load_module(cudarc::nvrtc::Ptx::from_src(ptx.into_owned()))
         .map_err(|e| Error::Driver {
             call: "cuModuleLoadData",
             detail: format!("{e:?}"),
-        })?;
-    modules.insert((ordinal, family), module.clone());
-    Ok(module)
+        })
 }
 
 #[cfg(test)]

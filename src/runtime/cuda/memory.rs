@@ -1,45 +1,23 @@
 //! Device memory of CUDA tensors: byte buffers on the default stream of a device's primary
 //! context, and the launch of generated kernels on that stream.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaSlice, CudaView, DriverError, sys::CUresult};
 
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, CudaView, DriverError, LaunchArgs, LaunchConfig,
-    PushKernelArg, sys::CUresult,
-};
-
-use crate::kernels::{self, KernelEntry, KernelKey, PtxParam};
+use super::device::CudaDevice;
 use crate::{Device, Error, Result};
 
 /// A CUDA allocation holding a tensor's elements.
-pub(crate) struct Buffer {
+pub(crate) struct CudaBuffer {
     ordinal: usize,
     /// Never empty: a zero-byte tensor holds one byte, as the driver allocates no zero bytes.
     bytes: CudaSlice<u8>,
     len: usize,
 }
 
-impl std::fmt::Debug for Buffer {
+impl std::fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "cuda:{} buffer of {} bytes", self.ordinal, self.len)
     }
-}
-
-/// The default stream of device `ordinal`: every buffer and kernel of the device uses it,
-/// so operations are ordered without events.
-pub(crate) fn stream(ordinal: usize) -> Result<Arc<CudaStream>> {
-    Ok(super::loader::context(ordinal)?.default_stream())
-}
-
-/// Makes device `ordinal`'s context current on this thread, as the vendor libraries
-/// (cuBLAS, cuFFT), which run on the caller's context, need.
-pub(crate) fn bind(ordinal: usize) -> Result<()> {
-    super::loader::context(ordinal)?
-        .bind_to_thread()
-        .map_err(|e| Error::Driver {
-            call: "cuCtxSetCurrent",
-            detail: format!("{e:?}"),
-        })
 }
 
 /// A driver error as this crate's error: out of memory as [`Error::OutOfMemory`].
@@ -64,16 +42,16 @@ pub(crate) fn driver_error(
     }
 }
 
-impl Buffer {
+impl CudaBuffer {
     /// A copy of `bytes` on device `ordinal`.
-    pub(crate) fn upload(ordinal: usize, bytes: &[u8]) -> Result<Buffer> {
-        let stream = stream(ordinal)?;
+    pub(crate) fn upload(ordinal: usize, bytes: &[u8]) -> Result<CudaBuffer> {
+        let stream = CudaDevice::get(ordinal)?.stream();
         let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
         let slice =
             stream
                 .clone_htod(data)
                 .map_err(driver_error("cuMemcpyHtoD", ordinal, bytes.len()))?;
-        Ok(Buffer {
+        Ok(CudaBuffer {
             ordinal,
             bytes: slice,
             len: bytes.len(),
@@ -81,14 +59,14 @@ impl Buffer {
     }
 
     /// `len` zero bytes on device `ordinal`.
-    pub(crate) fn zeroed(ordinal: usize, len: usize) -> Result<Buffer> {
-        let stream = stream(ordinal)?;
+    pub(crate) fn zeroed(ordinal: usize, len: usize) -> Result<CudaBuffer> {
+        let stream = CudaDevice::get(ordinal)?.stream();
         let slice = stream.alloc_zeros::<u8>(len.max(1)).map_err(driver_error(
             "cuMemAlloc",
             ordinal,
             len,
         ))?;
-        Ok(Buffer {
+        Ok(CudaBuffer {
             ordinal,
             bytes: slice,
             len,
@@ -97,7 +75,7 @@ impl Buffer {
 
     /// The bytes, copied to the host (waits for the kernels that write them).
     pub(crate) fn download(&self) -> Result<Vec<u8>> {
-        let stream = stream(self.ordinal)?;
+        let stream = CudaDevice::get(self.ordinal)?.stream();
         let mut out = stream.clone_dtoh(&self.bytes).map_err(driver_error(
             "cuMemcpyDtoH",
             self.ordinal,
@@ -118,191 +96,9 @@ impl Buffer {
     }
 }
 
-/// A generated kernel ready to launch on device `ordinal`: its table entry, function and
-/// parameter list (read from its PTX).
-pub(crate) struct Kernel {
-    /// The table entry (name, launch geometry).
-    pub entry: &'static KernelEntry,
-    function: CudaFunction,
-    stream: Arc<CudaStream>,
-    params: Vec<PtxParam>,
-}
-
-/// A kernel's arguments in order, each with its PTX type, so that [`Kernel::launch`] can
-/// check them against the kernel's parameter list: a mismatch is an error, not a kernel
-/// reading garbage.
-pub(crate) struct Args<'a> {
-    inner: LaunchArgs<'a>,
-    kinds: Vec<PtxParam>,
-}
-
-impl<'a> Args<'a> {
-    /// A device pointer (`T*`).
-    pub(crate) fn ptr<'c: 'a>(&mut self, view: &'a CudaView<'c, u8>) -> &mut Self {
-        self.inner.arg(view);
-        self.kinds.push(PtxParam::B64);
-        self
-    }
-
-    /// An `int`.
-    pub(crate) fn int(&mut self, value: &'a i32) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B32);
-        self
-    }
-
-    /// A `long long`.
-    pub(crate) fn long(&mut self, value: &'a i64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B64);
-        self
-    }
-
-    /// An `unsigned long long`.
-    pub(crate) fn ulong(&mut self, value: &'a u64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B64);
-        self
-    }
-
-    /// A `float`.
-    pub(crate) fn float(&mut self, value: &'a f32) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::F32);
-        self
-    }
-
-    /// A `double`.
-    pub(crate) fn double(&mut self, value: &'a f64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::F64);
-        self
-    }
-}
-
-impl Kernel {
-    /// The kernel serving `key` on device `ordinal`, checked against the device's compute
-    /// capability.
-    pub(crate) fn get(ordinal: usize, key: &KernelKey) -> Result<Kernel> {
-        let entry = kernels::lookup(key).ok_or_else(|| Error::Unavailable {
-            what: "a CUDA kernel",
-            why: format!("no generated variant serves {key:?}"),
-        })?;
-        let cuda = entry.cuda.as_ref().ok_or_else(|| Error::Unavailable {
-            what: "a CUDA kernel",
-            why: format!("{} is built for wgpu only", entry.name),
-        })?;
-        let (major, minor) = super::get_device_capability(ordinal).unwrap_or((0, 0));
-        if major * 10 + minor < cuda.min_sm {
-            return Err(Error::Unavailable {
-                what: "a CUDA kernel",
-                why: format!(
-                    "{} needs sm_{} or newer; cuda:{ordinal} is sm_{major}{minor}",
-                    entry.name, cuda.min_sm
-                ),
-            });
-        }
-        let module = super::loader::module(ordinal, key.family())?;
-        let ptx = kernels::ptx_for(key.family(), major * 10 + minor)?;
-        let params = kernels::ptx_params(&ptx, entry.name).ok_or_else(|| Error::Driver {
-            call: "reading the kernel's parameters",
-            detail: format!(
-                "the PTX of {} has no readable entry {}",
-                key.family(),
-                entry.name
-            ),
-        })?;
-        let function = module
-            .load_function(entry.name)
-            .map_err(|e| Error::Driver {
-                call: "cuModuleGetFunction",
-                detail: format!("{}: {e:?}", entry.name),
-            })?;
-        Ok(Kernel {
-            entry,
-            function,
-            stream: stream(ordinal)?,
-            params,
-        })
-    }
-
-    /// Threads per block, as the table declares them.
-    pub(crate) fn threads(&self) -> (u32, u32, u32) {
-        let [x, y, z] = self
-            .entry
-            .cuda
-            .as_ref()
-            .expect("a CUDA kernel has a CUDA build")
-            .threads;
-        (x, y, z)
-    }
-
-    /// An empty argument list for this kernel, to fill with `arg` (in the order of the
-    /// kernel's parameters) and pass to [`Kernel::launch`].
-    pub(crate) fn args(&self) -> Args<'_> {
-        Args {
-            inner: self.stream.launch_builder(&self.function),
-            kinds: Vec::with_capacity(self.params.len()),
-        }
-    }
-
-    /// Launches the kernel on `grid` blocks with `args`.
-    ///
-    /// # Safety
-    /// `args` must match the kernel's parameter list (its template's header comment) in
-    /// number, order and type, and every buffer must be large enough for the indices the
-    /// kernel forms from the sizes and strides passed.
-    pub(crate) unsafe fn launch(&self, args: Args<'_>, grid: (u32, u32, u32)) -> Result<()> {
-        if args.kinds != self.params {
-            return Err(Error::Driver {
-                call: "cuLaunchKernel",
-                detail: format!(
-                    "{} takes {:?} but the launch passes {:?} (a bug in this library: please report it)",
-                    self.entry.name, self.params, args.kinds
-                ),
-            });
-        }
-        let mut args = args.inner;
-        let config = LaunchConfig {
-            grid_dim: grid,
-            block_dim: self.threads(),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the caller guarantees the arguments (see above); the kernels use static
-        // shared memory only, so the launch needs no dynamic shared memory.
-        unsafe { args.launch(config) }
-            .map(|_| ())
-            .map_err(|e| Error::Driver {
-                call: "cuLaunchKernel",
-                detail: format!("{}: {e:?}", self.entry.name),
-            })
-    }
-}
-
-/// A grid dimension as the driver takes it.
-pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
-    u32::try_from(blocks).map_err(|_| Error::ShapeMismatch {
-        op,
-        detail: format!("{blocks} blocks exceed the CUDA grid; split the call"),
-    })
-}
-
-/// An `int` kernel argument.
-pub(crate) fn int_arg(op: &'static str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::ShapeMismatch {
-        op,
-        detail: format!("{value} exceeds a 32-bit kernel argument; split the call"),
-    })
-}
-
-/// A `long long` kernel argument.
-pub(crate) fn long_arg(value: usize) -> i64 {
-    i64::try_from(value).expect("a buffer index fits in 63 bits")
-}
-
-impl crate::core::tensor::DeviceMemory for Buffer {
+impl crate::core::tensor::DeviceMemory for CudaBuffer {
     fn download(&self) -> Result<Vec<u8>> {
-        Buffer::download(self)
+        CudaBuffer::download(self)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -318,11 +114,11 @@ mod tests {
     fn an_impossible_allocation_is_a_typed_error() {
         if super::super::device_count() == 0 {
             // Without a device the context is what fails, with its reason.
-            let err = Buffer::zeroed(0, 16).unwrap_err();
+            let err = CudaBuffer::zeroed(0, 16).unwrap_err();
             assert!(matches!(err, Error::Unavailable { .. }), "{err}");
             return;
         }
-        let err = Buffer::zeroed(0, 1 << 50).unwrap_err();
+        let err = CudaBuffer::zeroed(0, 1 << 50).unwrap_err();
         assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
         assert!(err.to_string().contains("use smaller inputs"), "{err}");
     }

@@ -1,8 +1,13 @@
 //! CUDA through cudarc's dynamically loaded driver API: the devices the driver reports
-//! (`driver.rs`), per-device contexts and loaded modules (`loader.rs`), memory and launches
-//! (`memory.rs`). Nothing links against CUDA: without a driver the queries answer 0 / `None`.
+//! (`driver.rs`), one [`device::CudaDevice`] per device that owns its context, stream,
+//! loaded modules and per-device library state (`device.rs`), module loading (`loader.rs`),
+//! memory (`memory.rs`) and kernel launches (`launch.rs`). Nothing links against CUDA: without a driver the queries answer 0 / `None`.
 
+#[cfg(feature = "cuda")]
+pub(crate) mod device;
 pub(crate) mod driver;
+#[cfg(feature = "cuda")]
+pub(crate) mod launch;
 #[cfg(feature = "cuda")]
 pub mod loader;
 #[cfg(feature = "cuda")]
