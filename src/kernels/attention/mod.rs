@@ -1,9 +1,11 @@
 //! The CPU attention kernels: one query block against all its keys with a tiled online
 //! softmax (never an Lq x Lk buffer). `lanes.rs` holds the AVX-512 and AVX2 kernels (one
-//! generic body over a small vector vocabulary), `portable.rs` the build's own vector width;
+//! generic body over a small vector vocabulary), `portable.rs` the build's own vector width,
+//! `f64.rs` the row-by-row f64 path;
 //! [`run_block`] picks one by the CPU capability in force. The op around them (threads,
 //! inputs, masks, dropout) is [`crate::ops::sdpa`].
 
+pub(crate) mod f64;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 pub(crate) mod portable;

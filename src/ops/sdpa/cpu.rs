@@ -8,6 +8,7 @@ use half::{bf16, f16};
 use super::math::Bias;
 use super::{Job, OP_CPU, host_f64};
 use crate::core::tensor::{Tensor, host_zeros};
+use crate::kernels::attention::f64::{RowKeys, attend_row_f64};
 use crate::kernels::attention::{
     BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, reads_key_rows, run_block, transpose_keys,
 };
@@ -288,41 +289,18 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
             let (bh, i) = (row / s.lq, row % s.lq);
             let (b, h) = (bh / s.h, bh % s.h);
             let kvh = b * s.hk + s.kv_head(h);
-            let query = &qv[row * s.d..][..s.d];
-            let acc = &mut out[r * s.dv..][..s.dv];
-            let (mut max, mut sum) = (f64::NEG_INFINITY, 0.0);
             let keys = if o.is_causal { s.lk.min(i + 1) } else { s.lk };
-            for j in 0..keys {
-                let key = &kv[(kvh * s.lk + j) * s.d..][..s.d];
-                let mut x = query.iter().zip(key).map(|(a, c)| a * c).sum::<f64>() * scale;
-                if let Some(bias) = bias {
-                    x += bias.at(b, h, i, j);
-                }
-                if x == f64::NEG_INFINITY {
-                    continue;
-                }
-                if x > max {
-                    let alpha = (max - x).exp();
-                    sum *= alpha;
-                    acc.iter_mut().for_each(|a| *a *= alpha);
-                    max = x;
-                }
-                let p = (x - max).exp();
-                sum += p;
-                let value = &vv[(kvh * s.lk + j) * s.dv..][..s.dv];
-                for (a, &y) in acc.iter_mut().zip(value) {
-                    *a += p * y;
-                }
-            }
-            // A row that saw no key gives zeros and -inf, a NaN row NaN and NaN, as the
-            // other fused kernels.
-            let (inv, lse) = if sum == 0.0 {
-                (0.0, f64::NEG_INFINITY)
-            } else {
-                (1.0 / sum, max + sum.ln())
-            };
-            acc.iter_mut().for_each(|a| *a *= inv);
-            *l = lse;
+            *l = attend_row_f64(
+                &qv[row * s.d..][..s.d],
+                RowKeys {
+                    count: keys,
+                    keys: &kv[kvh * s.lk * s.d..][..keys * s.d],
+                    values: &vv[kvh * s.lk * s.dv..][..keys * s.dv],
+                    bias: &|j| bias.as_ref().map_or(0.0, |bias| bias.at(b, h, i, j)),
+                },
+                scale,
+                &mut out[r * s.dv..][..s.dv],
+            );
         }
     });
     Ok((
