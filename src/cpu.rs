@@ -12,7 +12,7 @@ pub(crate) fn report() -> serde_json::Value {
         "arch": std::env::consts::ARCH,
         "capability": get_cpu_capability().to_string(),
         "l2_cache_bytes": l2_cache_bytes(),
-        "bf16_gemm_kernel": crate::kernels::gemm::micro_for_bf16().name,
+        "bf16_gemm_kernel": crate::kernels::dispatch::cpu_kernels().gemm_bf16.name,
         "capability_detected": detected_cpu_capability().to_string(),
         "capability_source": crate::runtime::cpu::capability_source(),
         "features": features(),

@@ -15,6 +15,7 @@ pub use backends_spec::variants::{CUDA_ARCHS, FLASH_HEAD_DIMS, MEM_EFF_HEAD_DIMS
 
 pub(crate) mod attention;
 pub(crate) mod convert;
+pub(crate) mod dispatch;
 pub(crate) mod gemm;
 mod jit;
 

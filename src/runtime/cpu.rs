@@ -144,6 +144,34 @@ fn detect() -> CpuCapability {
     CpuCapability::Default
 }
 
+/// Proof that the AVX-512 level (F, BW, VL, DQ and FMA) is in force: only [`Avx512Token::get`]
+/// makes one, after checking, so that code compiled for that level is safe to call with it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512Token(());
+
+impl Avx512Token {
+    /// The proof, where the capability in force is AVX-512.
+    pub(crate) fn get() -> Option<Avx512Token> {
+        (get_cpu_capability() == CpuCapability::Avx512).then_some(Avx512Token(()))
+    }
+}
+
+/// Proof that AVX2 and FMA are available: the AVX2 level or above is in force (only
+/// [`Avx2Token::get`] makes one).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2Token(());
+
+impl Avx2Token {
+    /// The proof, where the capability in force is AVX2 or AVX-512 (which implies it).
+    pub(crate) fn get() -> Option<Avx2Token> {
+        matches!(
+            get_cpu_capability(),
+            CpuCapability::Avx2 | CpuCapability::Avx512
+        )
+        .then_some(Avx2Token(()))
+    }
+}
+
 /// Whether this CPU has AVX-512 BF16 dot products (the relaxed bf16 matmul path).
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]

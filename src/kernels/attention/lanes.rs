@@ -5,14 +5,19 @@ use std::arch::x86_64::*;
 
 use super::portable::EXP2_POLY;
 use super::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView};
+use crate::runtime::cpu::{Avx2Token, Avx512Token};
 
 /// The fused block for AVX-512: [`block_lanes`] with 16 rows per vector, score tiles of
 /// 8 keys x 48 rows and weighted-sum tiles of 8 value columns x 48 rows.
-///
+pub(super) fn block_avx512(_: Avx512Token, a: BlockArgs) {
+    // SAFETY: the token proves the CPU runs the AVX-512 level.
+    unsafe { block_avx512_unchecked(a) }
+}
+
 /// # Safety
-/// The CPU has AVX-512F and DQ.
+/// The CPU has AVX-512F and DQ, and FMA.
 #[target_feature(enable = "avx512f,avx512dq,fma")]
-pub(super) unsafe fn block_avx512(a: BlockArgs) {
+unsafe fn block_avx512_unchecked(a: BlockArgs) {
     // SAFETY: the caller's CPU has what `__m512`'s operations need.
     unsafe { block_lanes::<__m512, 8, 3, 8, 3>(a) }
 }
@@ -20,11 +25,15 @@ pub(super) unsafe fn block_avx512(a: BlockArgs) {
 /// The fused block for AVX2: [`block_lanes`] with 8 rows per vector, score tiles of
 /// 4 keys x 24 rows and weighted-sum tiles of 6 value columns x 16 rows (12 of the 16
 /// registers; 4 columns x 24 rows left too few and spilled: 15-27% slower).
-///
+pub(super) fn block_avx2(_: Avx2Token, a: BlockArgs) {
+    // SAFETY: the token proves the CPU has AVX2 and FMA.
+    unsafe { block_avx2_unchecked(a) }
+}
+
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn block_avx2(a: BlockArgs) {
+unsafe fn block_avx2_unchecked(a: BlockArgs) {
     // SAFETY: the caller's CPU has what `__m256`'s operations need.
     unsafe { block_lanes::<__m256, 4, 3, 6, 2>(a) }
 }

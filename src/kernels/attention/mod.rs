@@ -112,17 +112,6 @@ pub(crate) fn key_block(kt: &[f32], d: usize, kb: usize) -> &[f32] {
     &kt[start..start + d * BLOCK_N]
 }
 
-/// Whether the fused block in force reads the keys as rows (`BlockArgs::k`, the AVX-512
-/// and AVX2 kernels) rather than transposed (`BlockArgs::kt`, the portable one).
-pub(crate) fn reads_key_rows() -> bool {
-    use crate::runtime::cpu::CpuCapability;
-    cfg!(target_arch = "x86_64")
-        && matches!(
-            crate::runtime::cpu::get_cpu_capability(),
-            CpuCapability::Avx512 | CpuCapability::Avx2
-        )
-}
-
 /// A cache line of floats: buffers of these start on a 64-byte boundary, so that the
 /// vector loads of a row (a multiple of 16 floats) never straddle two lines.
 #[derive(Clone, Copy)]
@@ -139,17 +128,32 @@ unsafe impl bytemuck::Zeroable for Line {}
 // SAFETY: as above; Line is Copy and 'static.
 unsafe impl bytemuck::Pod for Line {}
 
-/// Runs one fused block with the code compiled for the CPU capability in force.
-pub(crate) fn run_block(args: BlockArgs) {
-    match crate::runtime::cpu::get_cpu_capability() {
-        // SAFETY: the capability in force never exceeds what the CPU has.
-        #[cfg(target_arch = "x86_64")]
-        crate::runtime::cpu::CpuCapability::Avx512 => unsafe { lanes::block_avx512(args) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        crate::runtime::cpu::CpuCapability::Avx2 => unsafe { lanes::block_avx2(args) },
-        _ => portable::fused_block_body::<{ crate::runtime::cpu::BASELINE_FMA }>(args),
+/// The fused block for the CPU capability in force, and whether it reads the keys as rows
+/// (`BlockArgs::k`, the AVX-512 and AVX2 blocks) rather than transposed (`BlockArgs::kt`,
+/// the portable one). Chosen once per process, in [`crate::kernels::dispatch`].
+pub(crate) fn block_in_force() -> (fn(BlockArgs), bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::runtime::cpu::{Avx2Token, Avx512Token};
+        // The capability in force is fixed for the process: the token found here is found
+        // again at every call.
+        if Avx512Token::get().is_some() {
+            return (
+                |a| lanes::block_avx512(Avx512Token::get().expect("a fixed capability"), a),
+                true,
+            );
+        }
+        if Avx2Token::get().is_some() {
+            return (
+                |a| lanes::block_avx2(Avx2Token::get().expect("a fixed capability"), a),
+                true,
+            );
+        }
     }
+    (
+        portable::fused_block_body::<{ crate::runtime::cpu::BASELINE_FMA }>,
+        false,
+    )
 }
 
 /// Divides each accumulated row by its softmax sum and writes its log-sum-exp (a row that

@@ -85,19 +85,21 @@ impl Micro {
 /// The micro-kernel for a product whose inputs are bf16 values (bf16 data, or f32 rounded
 /// to bf16): AVX512-BF16 dot products where AVX-512 is in force and the CPU runs them
 /// faster than f32 FMAs (see [`crate::runtime::cpu::bf16_dot_speedup`]: on Intel cores without AMX
-/// the values widened to f32 measured 1.55x faster at n = 2048), else [`micro`].
-pub(crate) fn micro_for_bf16() -> Micro {
+/// the values widened to f32 measured 1.55x faster at n = 2048), else [`micro_in_force`].
+/// Chosen once per process, in [`crate::kernels::dispatch`].
+pub(crate) fn micro_for_bf16_in_force() -> Micro {
     #[cfg(target_arch = "x86_64")]
     if crate::runtime::cpu::get_cpu_capability() == CpuCapability::Avx512
         && crate::runtime::cpu::bf16_dot_speedup().is_some_and(|speedup| speedup > 1.5)
     {
         return micro::x86::AVX512_BF16;
     }
-    micro()
+    micro_in_force()
 }
 
-/// The micro-kernel for the CPU capability in force.
-pub(crate) fn micro() -> Micro {
+/// The micro-kernel for the CPU capability in force (chosen once per process, in
+/// [`crate::kernels::dispatch`]).
+pub(crate) fn micro_in_force() -> Micro {
     match crate::runtime::cpu::get_cpu_capability() {
         #[cfg(target_arch = "x86_64")]
         CpuCapability::Avx512 => micro::x86::AVX512,
@@ -125,9 +127,9 @@ pub(crate) fn gemm<T: Element>(
         return;
     }
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
-        micro_for_bf16()
+        crate::kernels::dispatch::cpu_kernels().gemm_bf16
     } else {
-        micro()
+        crate::kernels::dispatch::cpu_kernels().gemm
     };
     driver::gemm_with(mk, c, (m, n, k), a, b, rounding, threads);
 }
@@ -188,7 +190,7 @@ mod tests {
     /// over a short row).
     #[test]
     fn every_bf16_kernel_matches_the_product_of_the_rounded_inputs() {
-        let mut kernels = vec![micro::PORTABLE, micro()];
+        let mut kernels = vec![micro::PORTABLE, micro_in_force()];
         #[cfg(target_arch = "x86_64")]
         if crate::runtime::cpu::has_avx512_bf16()
             && crate::runtime::cpu::detected_cpu_capability() == CpuCapability::Avx512

@@ -211,7 +211,7 @@ fn shapes(a: &Tensor, b: &Tensor) -> String {
 
 fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
     let threads = crate::get_num_threads();
-    let micro = gemm::micro();
+    let micro = crate::kernels::dispatch::cpu_kernels().gemm;
     match a.dtype() {
         DType::F64 => {
             let describe = || Call {
@@ -236,7 +236,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         DType::F32 => {
             let (rounding, note) = fp32_rounding(crate::runtime::cpu::has_avx512_bf16());
             let micro = if rounding == Rounding::Bf16 {
-                gemm::micro_for_bf16()
+                crate::kernels::dispatch::cpu_kernels().gemm_bf16
             } else {
                 micro
             };
@@ -257,7 +257,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             p,
             Rounding::None,
             half_note(DType::Bf16),
-            gemm::micro_for_bf16().name,
+            crate::kernels::dispatch::cpu_kernels().gemm_bf16.name,
             threads,
         ),
         DType::Bool => Err(Error::DTypeMismatch {

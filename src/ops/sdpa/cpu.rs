@@ -9,9 +9,7 @@ use super::math::Bias;
 use super::{Job, OP_CPU, host_f64};
 use crate::core::tensor::{Tensor, host_zeros};
 use crate::kernels::attention::f64::{RowKeys, attend_row_f64};
-use crate::kernels::attention::{
-    BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, reads_key_rows, run_block, transpose_keys,
-};
+use crate::kernels::attention::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, transpose_keys};
 use crate::kernels::convert::narrow;
 use crate::{DType, Device, Error, Result};
 
@@ -149,7 +147,8 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     }
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let per = items.len().div_ceil(threads);
-    let key_rows = reads_key_rows();
+    let kernels = crate::kernels::dispatch::cpu_kernels();
+    let key_rows = kernels.attention_reads_key_rows;
     let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
     type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
     let work = |(chunk, mut q_block): Chunk| {
@@ -194,7 +193,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                     si: m.strides[2],
                     sj: m.strides[3],
                 });
-            run_block(BlockArgs {
+            (kernels.attention_block)(BlockArgs {
                 q,
                 k,
                 v,
