@@ -1,0 +1,1497 @@
+//! Running a kernel: a grid of CTAs, each a block of threads in warps of 32, with
+//! per-thread registers, CTA barriers (`bar.sync`), warp collectives (`shfl.sync`,
+//! `bar.warp.sync`) that run once every live lane of the warp has arrived, global memory
+//! ([`Memory`]) and per-CTA shared memory.
+//!
+//! Instructions are decoded once per launch: an opcode the interpreter does not run is an
+//! error naming it, before any thread starts. Out-of-bounds or misaligned accesses, reads
+//! of registers never written, barrier divergence and deadlocks are errors too.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::parse::{Address, Instruction, Kernel, Operand};
+
+/// Why a launch failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecError {
+    /// An opcode (with its modifiers) the interpreter does not run.
+    Unsupported {
+        /// The instruction as written.
+        opcode: String,
+        /// Its line in the PTX.
+        line: usize,
+    },
+    /// A malformed instruction or launch (operand count, unknown name, bad geometry).
+    Invalid {
+        /// What was wrong.
+        what: String,
+        /// Its line in the PTX (0 for the launch).
+        line: usize,
+    },
+    /// A memory access outside every allocation, or misaligned.
+    BadAccess {
+        /// What happened.
+        what: String,
+        /// The instruction's line.
+        line: usize,
+        /// The thread, as `(ctaid, tid)` in x.
+        thread: (u32, u32),
+    },
+    /// A register read before any write.
+    Uninitialised {
+        /// The register.
+        reg: String,
+        /// The instruction's line.
+        line: usize,
+    },
+    /// Threads wait at different barriers, or some wait while the others have left.
+    Divergence {
+        /// What the threads were doing.
+        what: String,
+    },
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::Unsupported { opcode, line } => {
+                write!(f, "line {line}: the interpreter does not run `{opcode}`")
+            }
+            ExecError::Invalid { what, line } => write!(f, "line {line}: {what}"),
+            ExecError::BadAccess { what, line, thread } => write!(
+                f,
+                "line {line}, block {} thread {}: {what}",
+                thread.0, thread.1
+            ),
+            ExecError::Uninitialised { reg, line } => {
+                write!(f, "line {line}: {reg} is read before it is written")
+            }
+            ExecError::Divergence { what } => write!(f, "{what}"),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+/// Global memory: allocations at distinct, 256-byte aligned addresses.
+#[derive(Debug, Default)]
+pub struct Memory {
+    allocations: Vec<(u64, Vec<u8>)>,
+}
+
+/// Where the first allocation starts (0 stays an invalid address).
+const FIRST_ADDRESS: u64 = 1 << 32;
+
+impl Memory {
+    /// A new allocation holding `bytes`; returns its address.
+    pub fn upload(&mut self, bytes: &[u8]) -> u64 {
+        let base = self.allocations.last().map_or(FIRST_ADDRESS, |(b, v)| {
+            (b + v.len() as u64 + 256).next_multiple_of(256)
+        });
+        self.allocations.push((base, bytes.to_vec()));
+        base
+    }
+
+    /// The `len` bytes at `address`, if they lie in one allocation.
+    pub fn download(&self, address: u64, len: usize) -> Option<&[u8]> {
+        let (buffer, offset) = self.locate(address, len)?;
+        Some(&self.allocations[buffer].1[offset..offset + len])
+    }
+
+    fn locate(&self, address: u64, len: usize) -> Option<(usize, usize)> {
+        self.allocations
+            .iter()
+            .position(|(base, bytes)| {
+                address >= *base && address - base + len as u64 <= bytes.len() as u64
+            })
+            .map(|i| (i, (address - self.allocations[i].0) as usize))
+    }
+}
+
+/// A launch's geometry and parameters (each parameter's bytes, in order).
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// The parameters' bytes, one entry per parameter.
+    pub params: Vec<Vec<u8>>,
+}
+
+/// What a launch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Instructions executed, over all threads.
+    pub instructions: u64,
+    /// `bar.sync` releases.
+    pub barriers: u64,
+}
+
+/// A value's type in an instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ty {
+    B(u32),
+    U(u32),
+    S(u32),
+    F16,
+    Bf16,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    fn parse(text: &str) -> Option<Ty> {
+        Some(match text {
+            "pred" => Ty::Pred,
+            "f16" => Ty::F16,
+            "bf16" => Ty::Bf16,
+            "f32" | "tf32" => Ty::F32,
+            "f64" => Ty::F64,
+            _ => {
+                let bits: u32 = text.get(1..)?.parse().ok()?;
+                if ![8, 16, 32, 64].contains(&bits) {
+                    return None;
+                }
+                match &text[..1] {
+                    "b" => Ty::B(bits),
+                    "u" => Ty::U(bits),
+                    "s" => Ty::S(bits),
+                    _ => return None,
+                }
+            }
+        })
+    }
+
+    fn bits(self) -> u32 {
+        match self {
+            Ty::B(b) | Ty::U(b) | Ty::S(b) => b,
+            Ty::F16 | Ty::Bf16 => 16,
+            Ty::F32 => 32,
+            Ty::F64 => 64,
+            Ty::Pred => 1,
+        }
+    }
+
+    fn mask(self) -> u64 {
+        match self.bits() {
+            64 => u64::MAX,
+            b => (1u64 << b) - 1,
+        }
+    }
+
+    /// `bits` (low `self.bits()` significant) sign- or zero-extended to i128.
+    fn int(self, bits: u64) -> i128 {
+        match self {
+            Ty::S(b) => {
+                let shift = 64 - b;
+                i128::from(((bits << shift) as i64) >> shift)
+            }
+            _ => i128::from(bits & self.mask()),
+        }
+    }
+}
+
+/// Where an operand's value comes from.
+#[derive(Clone, Debug, PartialEq)]
+enum Src {
+    Reg(usize),
+    Imm(u64),
+    Special(Special),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Special {
+    Tid(usize),
+    Ntid(usize),
+    Ctaid(usize),
+    Nctaid(usize),
+    LaneId,
+    WarpId,
+}
+
+/// A decoded memory address: a base and a byte offset.
+#[derive(Clone, Debug, PartialEq)]
+enum Addr {
+    Reg(usize, i64),
+    Param(usize),
+    Shared(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Space {
+    Global,
+    Shared,
+    Param,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// Unordered forms: true where either operand is NaN.
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arith {
+    Add,
+    Sub,
+    Mul,
+    MulHi,
+    MulWide,
+    Div,
+    Rem,
+    Max,
+    Min,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unary {
+    Not,
+    Neg,
+    Ex2,
+    Lg2,
+    Rcp,
+}
+
+/// A decoded instruction.
+#[derive(Clone, Debug)]
+enum Op {
+    Mov {
+        ty: Ty,
+        d: usize,
+        a: Src,
+    },
+    Arith {
+        op: Arith,
+        ty: Ty,
+        d: usize,
+        a: Src,
+        b: Src,
+    },
+    Unary {
+        op: Unary,
+        ty: Ty,
+        d: usize,
+        a: Src,
+    },
+    Fma {
+        ty: Ty,
+        d: usize,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    Setp {
+        cmp: Cmp,
+        ty: Ty,
+        d: usize,
+        a: Src,
+        b: Src,
+    },
+    Selp {
+        ty: Ty,
+        d: usize,
+        a: Src,
+        b: Src,
+        p: Src,
+    },
+    Cvt {
+        to: Ty,
+        from: Ty,
+        rna: bool,
+        d: usize,
+        a: Src,
+    },
+    Ld {
+        space: Space,
+        ty: Ty,
+        d: usize,
+        addr: Addr,
+    },
+    St {
+        space: Space,
+        ty: Ty,
+        addr: Addr,
+        a: Src,
+    },
+    Bra {
+        target: usize,
+    },
+    Ret,
+    BarSync,
+    WarpSync,
+    ShflBfly {
+        d: usize,
+        a: Src,
+        lane_mask: Src,
+        clamp: Src,
+    },
+}
+
+/// A decoded instruction with its guard (predicate register, negated) and PTX line.
+struct Step {
+    guard: Option<(usize, bool)>,
+    op: Op,
+    line: usize,
+}
+
+struct Decoded {
+    ops: Vec<Step>,
+    registers: Vec<String>,
+    shared_bytes: usize,
+}
+
+fn unsupported(i: &Instruction) -> ExecError {
+    ExecError::Unsupported {
+        opcode: i.opcode.clone(),
+        line: i.line,
+    }
+}
+
+fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
+    // Registers by first mention: names and their indices.
+    let table: std::cell::RefCell<(Vec<String>, HashMap<String, usize>)> = Default::default();
+    let reg = |name: &str| -> usize {
+        let mut table = table.borrow_mut();
+        if let Some(&i) = table.1.get(name) {
+            return i;
+        }
+        let i = table.0.len();
+        table.0.push(name.to_string());
+        table.1.insert(name.to_string(), i);
+        i
+    };
+    let mut shared_offsets = Vec::new();
+    let mut shared_bytes = 0usize;
+    for s in &kernel.shared {
+        shared_bytes = shared_bytes.next_multiple_of(s.align.max(1));
+        shared_offsets.push(shared_bytes);
+        shared_bytes += s.bytes;
+    }
+    let mut ops = Vec::with_capacity(kernel.body.len());
+    for i in &kernel.body {
+        let invalid = |what: &str| ExecError::Invalid {
+            what: format!("{what}: `{}`", i.opcode),
+            line: i.line,
+        };
+        let parts: Vec<&str> = i.opcode.split('.').collect();
+        let types: Vec<Ty> = parts.iter().filter_map(|p| Ty::parse(p)).collect();
+        let has = |m: &str| parts.contains(&m);
+        let src = |o: &Operand| -> Result<Src, ExecError> {
+            Ok(match o {
+                Operand::Reg(name) => match special(name) {
+                    Some(s) => Src::Special(s),
+                    None => Src::Reg(reg(name)),
+                },
+                Operand::Int(v) => Src::Imm(*v as u64),
+                Operand::F32(bits) => Src::Imm(u64::from(*bits)),
+                Operand::F64(bits) => Src::Imm(*bits),
+                // A shared variable's address: its offset in the CTA's shared window.
+                Operand::Symbol(name) => match kernel.shared.iter().position(|s| &s.name == name) {
+                    Some(s) => Src::Imm(shared_offsets[s] as u64),
+                    None => return Err(invalid(&format!("{name} is no shared variable"))),
+                },
+                _ => return Err(invalid("an operand of a kind this opcode does not take")),
+            })
+        };
+        let operands = &i.operands;
+        let n = |count: usize| -> Result<(), ExecError> {
+            if operands.len() == count {
+                Ok(())
+            } else {
+                Err(invalid(&format!(
+                    "{} operands, expected {count}",
+                    operands.len()
+                )))
+            }
+        };
+        let dest = |o: &Operand| -> Result<usize, ExecError> {
+            match o {
+                Operand::Reg(name) if special(name).is_none() => Ok(reg(name)),
+                _ => Err(invalid("a destination that is not a register")),
+            }
+        };
+        let ty = |k: usize| types.get(k).copied().ok_or_else(|| unsupported(i));
+        let op = match parts[0] {
+            "mov" => {
+                n(2)?;
+                let d = dest(&operands[0])?;
+                Op::Mov {
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                }
+            }
+            "add" | "sub" | "mul" | "div" | "rem" | "max" | "min" | "and" | "or" | "xor"
+            | "shl" | "shr" => {
+                n(3)?;
+                let op = match parts[0] {
+                    "add" => Arith::Add,
+                    "sub" => Arith::Sub,
+                    "mul" if has("hi") => Arith::MulHi,
+                    "mul" if has("wide") => Arith::MulWide,
+                    "mul" => Arith::Mul,
+                    "div" => Arith::Div,
+                    "rem" => Arith::Rem,
+                    "max" => Arith::Max,
+                    "min" => Arith::Min,
+                    "and" => Arith::And,
+                    "or" => Arith::Or,
+                    "xor" => Arith::Xor,
+                    "shl" => Arith::Shl,
+                    _ => Arith::Shr,
+                };
+                if parts.iter().any(|p| matches!(*p, "sat" | "cc" | "ftz")) {
+                    return Err(unsupported(i));
+                }
+                let d = dest(&operands[0])?;
+                Op::Arith {
+                    op,
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                    b: src(&operands[2])?,
+                }
+            }
+            "not" | "neg" | "ex2" | "lg2" | "rcp" => {
+                n(2)?;
+                let op = match parts[0] {
+                    "not" => Unary::Not,
+                    "neg" => Unary::Neg,
+                    "ex2" => Unary::Ex2,
+                    "lg2" => Unary::Lg2,
+                    _ => Unary::Rcp,
+                };
+                let d = dest(&operands[0])?;
+                Op::Unary {
+                    op,
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                }
+            }
+            "fma" | "mad" if !has("hi") && !has("wide") => {
+                n(4)?;
+                let d = dest(&operands[0])?;
+                Op::Fma {
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                    b: src(&operands[2])?,
+                    c: src(&operands[3])?,
+                }
+            }
+            "setp" => {
+                n(3)?;
+                let cmp = match parts.get(1).copied() {
+                    Some("eq") => Cmp::Eq,
+                    Some("ne") => Cmp::Ne,
+                    Some("lt" | "lo") => Cmp::Lt,
+                    Some("le" | "ls") => Cmp::Le,
+                    Some("gt" | "hi") => Cmp::Gt,
+                    Some("ge" | "hs") => Cmp::Ge,
+                    Some("equ") => Cmp::Equ,
+                    Some("neu") => Cmp::Neu,
+                    Some("ltu") => Cmp::Ltu,
+                    Some("leu") => Cmp::Leu,
+                    Some("gtu") => Cmp::Gtu,
+                    Some("geu") => Cmp::Geu,
+                    _ => return Err(unsupported(i)),
+                };
+                let d = dest(&operands[0])?;
+                Op::Setp {
+                    cmp,
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                    b: src(&operands[2])?,
+                }
+            }
+            "selp" => {
+                n(4)?;
+                let d = dest(&operands[0])?;
+                Op::Selp {
+                    ty: ty(0)?,
+                    d,
+                    a: src(&operands[1])?,
+                    b: src(&operands[2])?,
+                    p: src(&operands[3])?,
+                }
+            }
+            "cvt" => {
+                n(2)?;
+                let rounding = parts.iter().find(|p| p.starts_with('r') && p.len() <= 3);
+                if parts.iter().any(|p| matches!(*p, "sat" | "ftz" | "relu")) {
+                    return Err(unsupported(i));
+                }
+                let d = dest(&operands[0])?;
+                Op::Cvt {
+                    to: ty(0)?,
+                    from: ty(1)?,
+                    rna: rounding == Some(&"rna"),
+                    d,
+                    a: src(&operands[1])?,
+                }
+            }
+            "cvta" => {
+                n(2)?;
+                let d = dest(&operands[0])?;
+                Op::Mov {
+                    ty: Ty::B(64),
+                    d,
+                    a: src(&operands[1])?,
+                }
+            }
+            "ld" | "st" => {
+                n(2)?;
+                let space = if has("global") {
+                    Space::Global
+                } else if has("shared") {
+                    Space::Shared
+                } else if has("param") && parts[0] == "ld" {
+                    Space::Param
+                } else {
+                    return Err(unsupported(i));
+                };
+                if parts.iter().any(|p| p.starts_with('v') && p.len() == 2) {
+                    return Err(unsupported(i));
+                }
+                let (value, address) = if parts[0] == "ld" {
+                    (&operands[0], &operands[1])
+                } else {
+                    (&operands[1], &operands[0])
+                };
+                let addr = match address {
+                    Operand::Address(Address::Reg(name, offset)) => Addr::Reg(reg(name), *offset),
+                    Operand::Address(Address::Symbol(name, offset)) => {
+                        if let Some(p) = kernel.params.iter().position(|p| &p.name == name) {
+                            if *offset != 0 {
+                                return Err(invalid("a parameter read at an offset"));
+                            }
+                            Addr::Param(p)
+                        } else if let Some(s) = kernel.shared.iter().position(|s| &s.name == name) {
+                            Addr::Shared(shared_offsets[s] + *offset as usize)
+                        } else {
+                            return Err(invalid(&format!("an address of unknown {name}")));
+                        }
+                    }
+                    _ => return Err(invalid("an address of a form not run")),
+                };
+                if parts[0] == "ld" {
+                    Op::Ld {
+                        space,
+                        ty: ty(0)?,
+                        d: dest(value)?,
+                        addr,
+                    }
+                } else {
+                    Op::St {
+                        space,
+                        ty: ty(0)?,
+                        addr,
+                        a: src(value)?,
+                    }
+                }
+            }
+            "bra" => {
+                n(1)?;
+                let Operand::Symbol(label) = &operands[0] else {
+                    return Err(invalid("a branch without a label"));
+                };
+                let target = *kernel
+                    .labels
+                    .get(label)
+                    .ok_or_else(|| invalid("a branch to no label"))?;
+                Op::Bra { target }
+            }
+            "ret" | "exit" => Op::Ret,
+            "bar" if has("warp") && has("sync") => Op::WarpSync,
+            "bar" if has("sync") || i.opcode == "barrier.sync" => {
+                if operands.len() != 1 || operands[0] != Operand::Int(0) {
+                    return Err(unsupported(i));
+                }
+                Op::BarSync
+            }
+            "shfl" if has("sync") && has("bfly") && has("b32") => {
+                n(5)?;
+                let d = dest(&operands[0])?;
+                Op::ShflBfly {
+                    d,
+                    a: src(&operands[1])?,
+                    lane_mask: src(&operands[2])?,
+                    clamp: src(&operands[3])?,
+                }
+            }
+            _ => return Err(unsupported(i)),
+        };
+        let guard = i.guard.as_ref().map(|g| (reg(&g.reg), g.negated));
+        ops.push(Step {
+            guard,
+            op,
+            line: i.line,
+        });
+    }
+    Ok(Decoded {
+        ops,
+        registers: table.into_inner().0,
+        shared_bytes,
+    })
+}
+
+fn special(name: &str) -> Option<Special> {
+    let axis = |s: &str| match s {
+        "x" => Some(0),
+        "y" => Some(1),
+        "z" => Some(2),
+        _ => None,
+    };
+    let (base, dim) = name.split_once('.').unwrap_or((name, ""));
+    Some(match base {
+        "%tid" => Special::Tid(axis(dim)?),
+        "%ntid" => Special::Ntid(axis(dim)?),
+        "%ctaid" => Special::Ctaid(axis(dim)?),
+        "%nctaid" => Special::Nctaid(axis(dim)?),
+        "%laneid" => Special::LaneId,
+        "%warpid" => Special::WarpId,
+        _ => return None,
+    })
+}
+
+/// What a thread is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Running,
+    AtBarrier(usize),
+    AtWarpOp(usize),
+    Done,
+}
+
+struct Thread {
+    pc: usize,
+    regs: Vec<u64>,
+    written: Vec<bool>,
+    state: State,
+    tid: [u32; 3],
+    linear: u32,
+}
+
+struct Cta<'a> {
+    decoded: &'a Decoded,
+    launch: &'a Launch,
+    ctaid: [u32; 3],
+    shared: Vec<u8>,
+    threads: Vec<Thread>,
+    stats: Stats,
+}
+
+/// Runs `kernel` over the grid of `launch`, with global memory `memory`.
+pub fn run(kernel: &Kernel, launch: &Launch, memory: &mut Memory) -> Result<Stats, ExecError> {
+    let invalid = |what: String| ExecError::Invalid { what, line: 0 };
+    if launch.params.len() != kernel.params.len() {
+        return Err(invalid(format!(
+            "{} takes {} parameters, the launch passes {}",
+            kernel.name,
+            kernel.params.len(),
+            launch.params.len()
+        )));
+    }
+    for (p, bytes) in kernel.params.iter().zip(&launch.params) {
+        if p.bytes != bytes.len() {
+            return Err(invalid(format!(
+                "parameter {} is {} bytes, the launch passes {}",
+                p.name,
+                p.bytes,
+                bytes.len()
+            )));
+        }
+    }
+    let threads_per_block: u32 = launch.block.iter().product();
+    if threads_per_block == 0 || threads_per_block > 1024 || launch.grid.contains(&0) {
+        return Err(invalid(format!(
+            "a launch of {:?} blocks of {:?} threads",
+            launch.grid, launch.block
+        )));
+    }
+    let decoded = decode(kernel)?;
+    let mut stats = Stats::default();
+    for z in 0..launch.grid[2] {
+        for y in 0..launch.grid[1] {
+            for x in 0..launch.grid[0] {
+                let mut cta = Cta::new(&decoded, launch, [x, y, z]);
+                cta.run(memory)?;
+                stats.instructions += cta.stats.instructions;
+                stats.barriers += cta.stats.barriers;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+impl<'a> Cta<'a> {
+    fn new(decoded: &'a Decoded, launch: &'a Launch, ctaid: [u32; 3]) -> Cta<'a> {
+        let [bx, by, bz] = launch.block;
+        let mut threads = Vec::with_capacity((bx * by * bz) as usize);
+        for z in 0..bz {
+            for y in 0..by {
+                for x in 0..bx {
+                    threads.push(Thread {
+                        pc: 0,
+                        regs: vec![0; decoded.registers.len()],
+                        written: vec![false; decoded.registers.len()],
+                        state: State::Running,
+                        tid: [x, y, z],
+                        linear: x + bx * (y + by * z),
+                    });
+                }
+            }
+        }
+        Cta {
+            decoded,
+            launch,
+            ctaid,
+            shared: vec![0; decoded.shared_bytes],
+            threads,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Runs every thread to its end: each runs until it blocks (a barrier or a warp
+    /// collective); blocked threads are released when all they wait for have arrived.
+    fn run(&mut self, memory: &mut Memory) -> Result<(), ExecError> {
+        loop {
+            for t in 0..self.threads.len() {
+                while self.threads[t].state == State::Running {
+                    self.step(t, memory)?;
+                }
+            }
+            if self.threads.iter().all(|t| t.state == State::Done) {
+                return Ok(());
+            }
+            let mut progressed = false;
+            // Warp collectives: every live lane of a warp at the same one.
+            for warp in 0..self.threads.len().div_ceil(32) {
+                let lanes = warp * 32..((warp + 1) * 32).min(self.threads.len());
+                let live: Vec<usize> = lanes
+                    .clone()
+                    .filter(|&l| self.threads[l].state != State::Done)
+                    .collect();
+                let Some(&first) = live.first() else { continue };
+                let State::AtWarpOp(pc) = self.threads[first].state else {
+                    continue;
+                };
+                if live
+                    .iter()
+                    .all(|&l| self.threads[l].state == State::AtWarpOp(pc))
+                {
+                    self.warp_op(&live, pc)?;
+                    progressed = true;
+                } else if live
+                    .iter()
+                    .all(|&l| matches!(self.threads[l].state, State::AtWarpOp(_)))
+                {
+                    return Err(ExecError::Divergence {
+                        what: format!(
+                            "the lanes of warp {warp} wait at different warp collectives"
+                        ),
+                    });
+                }
+            }
+            if !progressed {
+                let waiting: Vec<State> = self
+                    .threads
+                    .iter()
+                    .map(|t| t.state)
+                    .filter(|s| *s != State::Done)
+                    .collect();
+                match waiting.first() {
+                    Some(&State::AtBarrier(pc))
+                        if waiting.iter().all(|s| *s == State::AtBarrier(pc))
+                            && waiting.len() == self.threads.len() =>
+                    {
+                        for t in &mut self.threads {
+                            t.pc = pc + 1;
+                            t.state = State::Running;
+                        }
+                        self.stats.barriers += 1;
+                    }
+                    _ => {
+                        let lines: Vec<String> = waiting
+                            .iter()
+                            .map(|s| match s {
+                                State::AtBarrier(pc) | State::AtWarpOp(pc) => {
+                                    format!("{:?} at line {}", s, self.decoded.ops[*pc].line)
+                                }
+                                _ => format!("{s:?}"),
+                            })
+                            .collect::<std::collections::BTreeSet<_>>()
+                            .into_iter()
+                            .collect();
+                        return Err(ExecError::Divergence {
+                            what: format!(
+                                "block {:?}: no thread can go on ({} of {} threads left: {})",
+                                self.ctaid,
+                                waiting.len(),
+                                self.threads.len(),
+                                lines.join(", ")
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn read(&self, t: usize, src: &Src, line: usize) -> Result<u64, ExecError> {
+        let thread = &self.threads[t];
+        Ok(match src {
+            Src::Imm(v) => *v,
+            Src::Reg(r) => {
+                if !thread.written[*r] {
+                    return Err(ExecError::Uninitialised {
+                        reg: self.decoded.registers[*r].clone(),
+                        line,
+                    });
+                }
+                thread.regs[*r]
+            }
+            Src::Special(s) => u64::from(match *s {
+                Special::Tid(a) => thread.tid[a],
+                Special::Ntid(a) => self.launch.block[a],
+                Special::Ctaid(a) => self.ctaid[a],
+                Special::Nctaid(a) => self.launch.grid[a],
+                Special::LaneId => thread.linear % 32,
+                Special::WarpId => thread.linear / 32,
+            }),
+        })
+    }
+
+    fn write(&mut self, t: usize, d: usize, value: u64) {
+        self.threads[t].regs[d] = value;
+        self.threads[t].written[d] = true;
+    }
+
+    fn bad_access(&self, t: usize, line: usize, what: String) -> ExecError {
+        ExecError::BadAccess {
+            what,
+            line,
+            thread: (self.ctaid[0], self.threads[t].linear),
+        }
+    }
+
+    /// Runs one instruction of thread `t`.
+    fn step(&mut self, t: usize, memory: &mut Memory) -> Result<(), ExecError> {
+        let decoded = self.decoded;
+        let pc = self.threads[t].pc;
+        let Some(Step { guard, op, line }) = decoded.ops.get(pc) else {
+            self.threads[t].state = State::Done;
+            return Ok(());
+        };
+        let line = *line;
+        self.stats.instructions += 1;
+        if let Some((p, negated)) = guard {
+            let value = self.read(t, &Src::Reg(*p), line)? != 0;
+            if value == *negated {
+                self.threads[t].pc += 1;
+                return Ok(());
+            }
+        }
+        let mut next = pc + 1;
+        match op {
+            Op::Mov { ty, d, a } => {
+                let v = self.read(t, a, line)? & ty.mask();
+                self.write(t, *d, v);
+            }
+            Op::Arith { op, ty, d, a, b } => {
+                let (x, y) = (self.read(t, a, line)?, self.read(t, b, line)?);
+                let v = arith(*op, *ty, x, y).ok_or_else(|| ExecError::Invalid {
+                    what: format!("{op:?} of {ty:?} by zero"),
+                    line,
+                })?;
+                self.write(t, *d, v);
+            }
+            Op::Unary { op, ty, d, a } => {
+                let x = self.read(t, a, line)?;
+                let v = unary(*op, *ty, x).ok_or_else(|| ExecError::Invalid {
+                    what: format!("{op:?} of {ty:?} is not defined"),
+                    line,
+                })?;
+                self.write(t, *d, v);
+            }
+            Op::Fma { ty, d, a, b, c } => {
+                let (x, y, z) = (
+                    self.read(t, a, line)?,
+                    self.read(t, b, line)?,
+                    self.read(t, c, line)?,
+                );
+                let v = match ty {
+                    Ty::F32 => u64::from(
+                        f32::from_bits(x as u32)
+                            .mul_add(f32::from_bits(y as u32), f32::from_bits(z as u32))
+                            .to_bits(),
+                    ),
+                    Ty::F64 => f64::from_bits(x)
+                        .mul_add(f64::from_bits(y), f64::from_bits(z))
+                        .to_bits(),
+                    _ => {
+                        (ty.int(x).wrapping_mul(ty.int(y)).wrapping_add(ty.int(z))) as u64
+                            & ty.mask()
+                    }
+                };
+                self.write(t, *d, v);
+            }
+            Op::Setp { cmp, ty, d, a, b } => {
+                let (x, y) = (self.read(t, a, line)?, self.read(t, b, line)?);
+                let v = compare(*cmp, *ty, x, y);
+                self.write(t, *d, u64::from(v));
+            }
+            Op::Selp { ty, d, a, b, p } => {
+                let (x, y, q) = (
+                    self.read(t, a, line)?,
+                    self.read(t, b, line)?,
+                    self.read(t, p, line)?,
+                );
+                self.write(t, *d, if q != 0 { x } else { y } & ty.mask());
+            }
+            Op::Cvt {
+                to,
+                from,
+                rna,
+                d,
+                a,
+            } => {
+                let x = self.read(t, a, line)?;
+                self.write(t, *d, convert(*to, *from, *rna, x));
+            }
+            Op::Ld { space, ty, d, addr } => {
+                let bytes = (ty.bits() / 8).max(1) as usize;
+                let value = match (space, addr) {
+                    (Space::Param, Addr::Param(p)) => {
+                        let raw = &self.launch.params[*p];
+                        le(&raw[..bytes.min(raw.len())])
+                    }
+                    (Space::Shared, _) => {
+                        let at = self.shared_address(t, addr, bytes, line)?;
+                        le(&self.shared[at..at + bytes])
+                    }
+                    (Space::Global, Addr::Reg(r, offset)) => {
+                        let base = self.read(t, &Src::Reg(*r), line)?;
+                        let address = base.wrapping_add(*offset as u64);
+                        if !address.is_multiple_of(bytes as u64) {
+                            return Err(self.bad_access(
+                                t,
+                                line,
+                                format!("a misaligned {bytes}-byte read at {address:#x}"),
+                            ));
+                        }
+                        let data = memory.download(address, bytes).ok_or_else(|| {
+                            self.bad_access(
+                                t,
+                                line,
+                                format!(
+                                    "a {bytes}-byte read at {address:#x}, outside every allocation"
+                                ),
+                            )
+                        })?;
+                        le(data)
+                    }
+                    _ => {
+                        return Err(ExecError::Invalid {
+                            what: "a load of a form not run".into(),
+                            line,
+                        });
+                    }
+                };
+                let value = match ty {
+                    Ty::S(_) => ty.int(value) as u64,
+                    _ => value & ty.mask(),
+                };
+                self.write(t, *d, value);
+            }
+            Op::St { space, ty, addr, a } => {
+                let bytes = (ty.bits() / 8).max(1) as usize;
+                let value = self.read(t, a, line)?.to_le_bytes();
+                match (space, addr) {
+                    (Space::Shared, _) => {
+                        let at = self.shared_address(t, addr, bytes, line)?;
+                        self.shared[at..at + bytes].copy_from_slice(&value[..bytes]);
+                    }
+                    (Space::Global, Addr::Reg(r, offset)) => {
+                        let base = self.read(t, &Src::Reg(*r), line)?;
+                        let address = base.wrapping_add(*offset as u64);
+                        if !address.is_multiple_of(bytes as u64) {
+                            return Err(self.bad_access(
+                                t,
+                                line,
+                                format!("a misaligned {bytes}-byte write at {address:#x}"),
+                            ));
+                        }
+                        let Some((buffer, at)) = memory.locate(address, bytes) else {
+                            return Err(self.bad_access(
+                                t,
+                                line,
+                                format!(
+                                    "a {bytes}-byte write at {address:#x}, outside every allocation"
+                                ),
+                            ));
+                        };
+                        memory.allocations[buffer].1[at..at + bytes]
+                            .copy_from_slice(&value[..bytes]);
+                    }
+                    _ => {
+                        return Err(ExecError::Invalid {
+                            what: "a store of a form not run".into(),
+                            line,
+                        });
+                    }
+                }
+            }
+            Op::Bra { target } => next = *target,
+            Op::Ret => {
+                self.threads[t].state = State::Done;
+                return Ok(());
+            }
+            Op::BarSync => {
+                self.threads[t].state = State::AtBarrier(pc);
+                return Ok(());
+            }
+            Op::WarpSync | Op::ShflBfly { .. } => {
+                self.threads[t].state = State::AtWarpOp(pc);
+                return Ok(());
+            }
+        }
+        self.threads[t].pc = next;
+        Ok(())
+    }
+
+    /// The byte offset in shared memory of a `bytes`-wide access.
+    fn shared_address(
+        &self,
+        t: usize,
+        addr: &Addr,
+        bytes: usize,
+        line: usize,
+    ) -> Result<usize, ExecError> {
+        let at = match addr {
+            Addr::Shared(offset) => *offset as u64,
+            Addr::Reg(r, offset) => self
+                .read(t, &Src::Reg(*r), line)?
+                .wrapping_add(*offset as u64),
+            Addr::Param(_) => unreachable!("decoded as a parameter read"),
+        };
+        if at % bytes as u64 != 0 || at + bytes as u64 > self.shared.len() as u64 {
+            return Err(self.bad_access(
+                t,
+                line,
+                format!(
+                    "a {bytes}-byte shared access at {at:#x} (shared memory holds {} bytes)",
+                    self.shared.len()
+                ),
+            ));
+        }
+        Ok(at as usize)
+    }
+
+    /// Runs the warp collective at `pc` for the `lanes` (thread indices) of one warp.
+    fn warp_op(&mut self, lanes: &[usize], pc: usize) -> Result<(), ExecError> {
+        let Step { op, line, .. } = &self.decoded.ops[pc];
+        if let Op::ShflBfly {
+            d,
+            a,
+            lane_mask,
+            clamp,
+        } = op
+        {
+            let values: Vec<u64> = lanes
+                .iter()
+                .map(|&l| self.read(l, a, *line))
+                .collect::<Result<_, _>>()?;
+            let mut results = Vec::with_capacity(lanes.len());
+            for (k, &l) in lanes.iter().enumerate() {
+                let lane = (self.threads[l].linear % 32) as u64;
+                let b = self.read(l, lane_mask, *line)? & 31;
+                let c = self.read(l, clamp, *line)?;
+                let segmask = (c >> 8) & 31;
+                let max_lane = (lane & segmask) | (c & 31 & !segmask);
+                let j = lane ^ b;
+                let source = if j <= max_lane { j } else { lane };
+                let from = lanes
+                    .iter()
+                    .position(|&m| u64::from(self.threads[m].linear % 32) == source)
+                    .unwrap_or(k);
+                results.push(values[from]);
+            }
+            for (&l, v) in lanes.iter().zip(results) {
+                self.write(l, *d, v & 0xffff_ffff);
+            }
+        }
+        for &l in lanes {
+            self.threads[l].pc = pc + 1;
+            self.threads[l].state = State::Running;
+            self.stats.instructions += 1;
+        }
+        Ok(())
+    }
+}
+
+fn le(bytes: &[u8]) -> u64 {
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(buf)
+}
+
+fn f32_of(bits: u64) -> f32 {
+    f32::from_bits(bits as u32)
+}
+
+fn arith(op: Arith, ty: Ty, x: u64, y: u64) -> Option<u64> {
+    let mask = ty.mask();
+    Some(match ty {
+        Ty::F32 => {
+            let (a, b) = (f32_of(x), f32_of(y));
+            u64::from(
+                match op {
+                    Arith::Add => a + b,
+                    Arith::Sub => a - b,
+                    Arith::Mul => a * b,
+                    Arith::Div => a / b,
+                    Arith::Max => max_nan(a, b),
+                    Arith::Min => -max_nan(-a, -b),
+                    _ => return None,
+                }
+                .to_bits(),
+            )
+        }
+        Ty::F64 => {
+            let (a, b) = (f64::from_bits(x), f64::from_bits(y));
+            match op {
+                Arith::Add => a + b,
+                Arith::Sub => a - b,
+                Arith::Mul => a * b,
+                Arith::Div => a / b,
+                Arith::Max => a.max(b),
+                Arith::Min => a.min(b),
+                _ => return None,
+            }
+            .to_bits()
+        }
+        Ty::Pred => match op {
+            Arith::And => x & y & 1,
+            Arith::Or => (x | y) & 1,
+            Arith::Xor => (x ^ y) & 1,
+            _ => return None,
+        },
+        _ => {
+            let bits = ty.bits();
+            let (a, b) = (ty.int(x), ty.int(y));
+            match op {
+                Arith::Add => (a.wrapping_add(b)) as u64 & mask,
+                Arith::Sub => (a.wrapping_sub(b)) as u64 & mask,
+                Arith::Mul => (a.wrapping_mul(b)) as u64 & mask,
+                Arith::MulHi => ((a * b) >> bits) as u64 & mask,
+                Arith::MulWide => {
+                    (a * b) as u64
+                        & if bits == 32 {
+                            u64::MAX
+                        } else {
+                            (1 << (2 * bits)) - 1
+                        }
+                }
+                Arith::Div => {
+                    if b == 0 {
+                        return None;
+                    }
+                    (a / b) as u64 & mask
+                }
+                Arith::Rem => {
+                    if b == 0 {
+                        return None;
+                    }
+                    (a % b) as u64 & mask
+                }
+                Arith::Max => a.max(b) as u64 & mask,
+                Arith::Min => a.min(b) as u64 & mask,
+                Arith::And => x & y & mask,
+                Arith::Or => (x | y) & mask,
+                Arith::Xor => (x ^ y) & mask,
+                Arith::Shl => {
+                    let s = y as u32;
+                    if s >= bits { 0 } else { (x << s) & mask }
+                }
+                Arith::Shr => {
+                    let s = (y as u32).min(bits);
+                    match ty {
+                        Ty::S(_) => {
+                            let v = if s >= bits {
+                                if a < 0 { -1 } else { 0 }
+                            } else {
+                                a >> s
+                            };
+                            v as u64 & mask
+                        }
+                        _ => {
+                            if s >= bits {
+                                0
+                            } else {
+                                (x & mask) >> s
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// PTX's `max.f32`: the other operand where one is NaN.
+fn max_nan(a: f32, b: f32) -> f32 {
+    a.max(b)
+}
+
+fn unary(op: Unary, ty: Ty, x: u64) -> Option<u64> {
+    Some(match (op, ty) {
+        (Unary::Not, Ty::Pred) => (x ^ 1) & 1,
+        (Unary::Not, _) => !x & ty.mask(),
+        (Unary::Neg, Ty::F32) => u64::from((-f32_of(x)).to_bits()),
+        (Unary::Neg, Ty::F64) => (-f64::from_bits(x)).to_bits(),
+        (Unary::Neg, _) => (ty.int(x).wrapping_neg()) as u64 & ty.mask(),
+        (Unary::Ex2, Ty::F32) => u64::from(f32_of(x).exp2().to_bits()),
+        (Unary::Lg2, Ty::F32) => u64::from(f32_of(x).log2().to_bits()),
+        (Unary::Rcp, Ty::F32) => u64::from((1.0 / f32_of(x)).to_bits()),
+        (Unary::Rcp, Ty::F64) => (1.0 / f64::from_bits(x)).to_bits(),
+        _ => return None,
+    })
+}
+
+fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64) -> bool {
+    let ordering = match ty {
+        Ty::F32 => f32_of(x).partial_cmp(&f32_of(y)),
+        Ty::F64 => f64::from_bits(x).partial_cmp(&f64::from_bits(y)),
+        Ty::F16 | Ty::Bf16 => {
+            let f = |b: u64| convert(Ty::F32, ty, false, b);
+            f32_of(f(x)).partial_cmp(&f32_of(f(y)))
+        }
+        _ => Some(ty.int(x).cmp(&ty.int(y))),
+    };
+    use std::cmp::Ordering::*;
+    match (cmp, ordering) {
+        (Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu, None) => true,
+        (_, None) => false,
+        (Cmp::Eq | Cmp::Equ, Some(o)) => o == Equal,
+        (Cmp::Ne | Cmp::Neu, Some(o)) => o != Equal,
+        (Cmp::Lt | Cmp::Ltu, Some(o)) => o == Less,
+        (Cmp::Le | Cmp::Leu, Some(o)) => o != Greater,
+        (Cmp::Gt | Cmp::Gtu, Some(o)) => o == Greater,
+        (Cmp::Ge | Cmp::Geu, Some(o)) => o != Less,
+    }
+}
+
+/// `cvt.to.from`: integer widths with sign or zero extension, floats rounded to nearest
+/// even (`rna`: ties away from zero, TF32's conversion), floats to integers truncated
+/// toward zero only where asked (the kernels use `rn`/`rz` forms from floats to ints: none
+/// today), integers to floats rounded to nearest.
+fn convert(to: Ty, from: Ty, rna: bool, x: u64) -> u64 {
+    let as_f64 = |bits: u64| -> Option<f64> {
+        Some(match from {
+            Ty::F32 => f64::from(f32_of(bits)),
+            Ty::F64 => f64::from_bits(bits),
+            Ty::F16 => f64::from(half::f16::from_bits(bits as u16)),
+            Ty::Bf16 => f64::from(half::bf16::from_bits(bits as u16)),
+            _ => return None,
+        })
+    };
+    match to {
+        Ty::F32 if rna && from == Ty::F32 => {
+            // TF32: 10 mantissa bits, to nearest with ties away from zero.
+            let bits = x as u32;
+            if f32::from_bits(bits).is_finite() {
+                u64::from((bits + (1 << 12)) & !((1 << 13) - 1))
+            } else {
+                u64::from(bits)
+            }
+        }
+        Ty::F32 => match from {
+            Ty::F64 => u64::from((f64::from_bits(x) as f32).to_bits()),
+            Ty::S(_) => u64::from((from.int(x) as f32).to_bits()),
+            Ty::U(_) | Ty::B(_) => u64::from((from.int(x) as f32).to_bits()),
+            _ => u64::from((as_f64(x).unwrap_or(0.0) as f32).to_bits()),
+        },
+        Ty::F64 => match from {
+            Ty::S(_) | Ty::U(_) | Ty::B(_) => (from.int(x) as f64).to_bits(),
+            _ => as_f64(x).unwrap_or(0.0).to_bits(),
+        },
+        Ty::F16 => {
+            u64::from(half::f16::from_f32(f32_of(convert(Ty::F32, from, false, x))).to_bits())
+        }
+        Ty::Bf16 => {
+            u64::from(half::bf16::from_f32(f32_of(convert(Ty::F32, from, false, x))).to_bits())
+        }
+        Ty::Pred => x & 1,
+        _ => match from {
+            Ty::F32 | Ty::F64 | Ty::F16 | Ty::Bf16 => {
+                (as_f64(x).unwrap_or(0.0).trunc() as i128) as u64 & to.mask()
+            }
+            _ => (from.int(x) as u64) & to.mask(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse;
+
+    fn kernel(body: &str) -> Kernel {
+        let text = format!(
+            ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k(\n.param .u64 out\n)\n{{\n{body}\n}}\n"
+        );
+        parse(&text).unwrap().kernels.remove(0)
+    }
+
+    fn launch(threads: u32, out: u64) -> Launch {
+        Launch {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+            params: vec![out.to_le_bytes().to_vec()],
+        }
+    }
+
+    /// Each thread writes its index to shared memory; after the barrier it reads the
+    /// mirrored slot and swaps it with its butterfly partner: out[t] = 63 - (t ^ 1).
+    const MIRROR: &str = "
+        .shared .align 4 .b8 buf[256];
+        ld.param.u64 %rd1, [out];
+        mov.u32 %r1, %tid.x;
+        shl.b32 %r2, %r1, 2;
+        cvt.u64.u32 %rd2, %r2;
+        mov.u64 %rd3, buf;
+        add.s64 %rd4, %rd3, %rd2;
+        st.shared.u32 [%rd4], %r1;
+        BARRIER
+        mov.u32 %r3, 63;
+        sub.s32 %r4, %r3, %r1;
+        shl.b32 %r5, %r4, 2;
+        cvt.u64.u32 %rd5, %r5;
+        add.s64 %rd6, %rd3, %rd5;
+        ld.shared.u32 %r6, [%rd6];
+        shfl.sync.bfly.b32 %r7, %r6, 1, 31, -1;
+        add.s64 %rd7, %rd1, %rd2;
+        st.global.u32 [%rd7], %r7;
+        ret;";
+
+    fn mirror(barrier: &str) -> Vec<u32> {
+        let mut memory = Memory::default();
+        let out = memory.upload(&[0xff; 256]);
+        let k = kernel(&MIRROR.replace("BARRIER", barrier));
+        run(&k, &launch(64, out), &mut memory).unwrap();
+        memory
+            .download(out, 256)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn barriers_order_shared_memory_and_shuffles_exchange_lanes() {
+        let want: Vec<u32> = (0..64).map(|t| 63 - (t ^ 1)).collect();
+        assert_eq!(mirror("bar.sync 0;"), want);
+        // Without the barrier, early threads read slots not yet written.
+        assert_ne!(mirror(""), want);
+    }
+
+    #[test]
+    fn faults_are_typed_errors() {
+        let mut memory = Memory::default();
+        let out = memory.upload(&[0; 16]);
+        let run_body =
+            |body: &str, memory: &mut Memory| run(&kernel(body), &launch(32, out), memory);
+        let err = run_body("add.s32 %r1, %r2, 1;\nret;", &mut memory).unwrap_err();
+        assert!(
+            matches!(err, ExecError::Uninitialised { ref reg, .. } if reg == "%r2"),
+            "{err}"
+        );
+        let err = run_body("popc.b32 %r1, %r1;\nret;", &mut memory).unwrap_err();
+        assert!(
+            matches!(err, ExecError::Unsupported { ref opcode, .. } if opcode == "popc.b32"),
+            "{err}"
+        );
+        let err = run_body(
+            "ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1+16], %rd1;\nret;",
+            &mut memory,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ExecError::BadAccess { .. }), "{err}");
+        let err = run_body(
+            "ld.param.u64 %rd1, [out];\nst.global.u32 [%rd1+2], %rd1;\nret;",
+            &mut memory,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("misaligned"), "{err}");
+        // Half the threads skip the barrier: no thread can go on.
+        let err = run_body(
+            "mov.u32 %r1, %tid.x;\nsetp.lt.u32 %p1, %r1, 16;\n@%p1 bra $L_end;\nbar.sync 0;\n$L_end:\nret;",
+            &mut memory,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ExecError::Divergence { .. }), "{err}");
+    }
+
+    #[test]
+    fn arithmetic_conversions_and_compares_follow_ptx() {
+        assert_eq!(arith(Arith::Add, Ty::S(32), 0xffff_ffff, 1), Some(0));
+        assert_eq!(
+            arith(Arith::MulHi, Ty::S(32), (-2i32) as u32 as u64, 0x4000_0000),
+            Some(0xffff_ffff)
+        );
+        assert_eq!(
+            arith(Arith::MulWide, Ty::U(32), 0xffff_ffff, 2),
+            Some(0x1_ffff_fffe)
+        );
+        assert_eq!(
+            arith(Arith::Shr, Ty::S(32), 0x8000_0000, 31),
+            Some(0xffff_ffff)
+        );
+        assert_eq!(arith(Arith::Shr, Ty::U(32), 0x8000_0000, 40), Some(0));
+        assert_eq!(arith(Arith::Div, Ty::S(64), 7, 0), None);
+        let nan = u64::from(f32::NAN.to_bits());
+        let one = u64::from(1f32.to_bits());
+        assert!(compare(Cmp::Ltu, Ty::F32, nan, one) && !compare(Cmp::Lt, Ty::F32, nan, one));
+        assert_eq!(arith(Arith::Max, Ty::F32, nan, one), Some(one));
+        // cvt.s64.s32 sign-extends; cvt.u32.u64 truncates; tf32 rounds ties away from zero.
+        assert_eq!(
+            convert(Ty::S(64), Ty::S(32), false, 0xffff_fffe),
+            (-2i64) as u64
+        );
+        assert_eq!(convert(Ty::U(32), Ty::U(64), false, 0x1_0000_0005), 5);
+        let tie = u64::from((1.0f32 + 2f32.powi(-11)).to_bits());
+        assert_eq!(
+            convert(Ty::F32, Ty::F32, true, tie),
+            u64::from((1.0f32 + 2f32.powi(-10)).to_bits())
+        );
+        let bf = convert(
+            Ty::Bf16,
+            Ty::F32,
+            false,
+            u64::from((1.0f32 + 2f32.powi(-8)).to_bits()),
+        );
+        assert_eq!(bf, u64::from(half::bf16::from_f32(1.0).to_bits()));
+    }
+}
