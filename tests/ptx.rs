@@ -7,6 +7,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
+use backends::DType;
 use backends::kernels::{
     self, CUDA_MODULES, ENTRIES, Elem, KernelKey, ScaleKey, SplitKReduceKey, lookup,
 };
@@ -174,4 +175,132 @@ fn the_split_k_reduction_runs_in_the_interpreter() {
         }
     }
     assert!(rel_err(&got, &want) < 1e-6, "{}", rel_err(&got, &want));
+}
+
+/// Elements of `values` as the bytes of `elem` (f32, f16 or bf16).
+fn bytes_of(values: &[f64], elem: Elem) -> Vec<u8> {
+    values
+        .iter()
+        .flat_map(|&v| match elem {
+            Elem::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            Elem::Bf16 => half::bf16::from_f32(v as f32).to_le_bytes().to_vec(),
+            _ => (v as f32).to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// The values of `bytes` of `elem`.
+fn values_of(bytes: &[u8], elem: Elem) -> Vec<f64> {
+    match elem {
+        Elem::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f64::from(half::f16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        Elem::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|b| f64::from(half::bf16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        _ => f32_values(bytes).into_iter().map(f64::from).collect(),
+    }
+}
+
+/// Every GEMM variant class (fp32 FFMA, TF32, bf16 and fp16 tensor cores, fp16
+/// accumulation) through its shipped PTX in the interpreter, at a shape that is no tile
+/// multiple, batched, against the float64 product of the inputs as the kernel sees them.
+#[test]
+fn the_gemm_kernels_run_in_the_interpreter() {
+    use backends::kernels::{Family, GemmMath};
+    let (m, n, k, batch) = (37usize, 29usize, 40usize, 2usize);
+    let mut classes = BTreeSet::new();
+    let mut ran = 0;
+    for entry in ENTRIES.iter() {
+        let KernelKey::Gemm(key) = entry.key else {
+            continue;
+        };
+        let Some(cuda) = &entry.cuda else { continue };
+        if key.partials != Elem::F32 && key.elem == Elem::F32 {
+            continue;
+        }
+        if !classes.insert((key.elem, key.math, key.acc_f16)) {
+            continue;
+        }
+        let Some((module, name)) = embedded(&entry.key) else {
+            eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+            return;
+        };
+        assert_eq!(entry.key.family(), Family::Gemm);
+        let (a, b) = (random(batch * m * k), random(batch * k * n));
+        // The inputs as the kernel rounds them: the element type, then the math's type.
+        let round = |x: &[f64]| -> Vec<f64> {
+            let stored = values_of(&bytes_of(x, key.elem), key.elem);
+            stored
+                .into_iter()
+                .map(|v| match key.math {
+                    GemmMath::Tf32 => {
+                        let bits = (v as f32).to_bits();
+                        f64::from(f32::from_bits((bits + (1 << 12)) & !((1 << 13) - 1)))
+                    }
+                    GemmMath::Bf16 => f64::from(half::bf16::from_f32(v as f32)),
+                    GemmMath::F16 => f64::from(half::f16::from_f32(v as f32)),
+                    GemmMath::Ieee => v,
+                })
+                .collect()
+        };
+        let (ra, rb) = (round(&a), round(&b));
+        let mut want = Vec::new();
+        for bi in 0..batch {
+            want.extend(common::reference(
+                &ra[bi * m * k..(bi + 1) * m * k],
+                &rb[bi * k * n..(bi + 1) * k * n],
+                m,
+                n,
+                k,
+            ));
+        }
+        let size = DType::from(key.elem).size();
+        let mut memory = Memory::default();
+        let a_at = memory.upload(&bytes_of(&a, key.elem));
+        let b_at = memory.upload(&bytes_of(&b, key.elem));
+        let c_at = memory.upload(&bytes_of(&vec![f64::NAN; batch * m * n], key.elem));
+        let int = |v: usize| (v as i32).to_le_bytes().to_vec();
+        let long = |v: usize| (v as i64).to_le_bytes().to_vec();
+        let k_slice = k.next_multiple_of(32);
+        let mut params = vec![
+            a_at.to_le_bytes().to_vec(),
+            b_at.to_le_bytes().to_vec(),
+            c_at.to_le_bytes().to_vec(),
+        ];
+        params.extend([m, n, k, batch, 1, k_slice].map(int));
+        // A's, B's (batch, row, col) strides, then C's batch and row strides.
+        params.extend([m * k, k, 1, k * n, n, 1, m * n, n].map(long));
+        let launch = Launch {
+            grid: [
+                n.div_ceil(cuda.tile[1] as usize) as u32,
+                m.div_ceil(cuda.tile[0] as usize) as u32,
+                batch as u32,
+            ],
+            block: cuda.threads,
+            params,
+        };
+        backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = values_of(
+            memory.download(c_at, batch * m * n * size).unwrap(),
+            key.elem,
+        );
+        assert!(
+            got.iter().all(|v| v.is_finite()),
+            "{name}: unwritten outputs"
+        );
+        let bound = match (key.elem, key.acc_f16) {
+            (Elem::F32, _) => 1e-5,
+            (_, false) => 1e-2,
+            (_, true) => 2e-2,
+        };
+        let err = rel_err(&got, &want);
+        assert!(err < bound, "{name}: {err}");
+        eprintln!("{name}: relative error {err:.1e}");
+        ran += 1;
+    }
+    assert!(ran >= 5, "{ran} GEMM classes ran");
 }

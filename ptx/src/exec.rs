@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::mma::{self, Shape};
 use crate::parse::{Address, Instruction, Kernel, Operand};
 
 /// Why a launch failed.
@@ -338,11 +339,32 @@ enum Op {
     Ret,
     BarSync,
     WarpSync,
+    /// `mov.bN d, {a, b, ..}`: parts packed low first.
+    Pack {
+        d: usize,
+        parts: Vec<Src>,
+        bits: u32,
+    },
+    /// `mov.bN {d0, d1, ..}, a`: a split into parts, low first.
+    Unpack {
+        ds: Vec<usize>,
+        a: Src,
+        bits: u32,
+    },
     ShflBfly {
         d: usize,
         a: Src,
         lane_mask: Src,
         clamp: Src,
+    },
+    Mma {
+        shape: Shape,
+        inputs: Ty,
+        acc: Ty,
+        d: Vec<usize>,
+        a: Vec<Src>,
+        b: Vec<Src>,
+        c: Vec<Src>,
     },
 }
 
@@ -433,11 +455,29 @@ fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
         let op = match parts[0] {
             "mov" => {
                 n(2)?;
-                let d = dest(&operands[0])?;
-                Op::Mov {
-                    ty: ty(0)?,
-                    d,
-                    a: src(&operands[1])?,
+                let ty = ty(0)?;
+                match (&operands[0], &operands[1]) {
+                    (Operand::Vector(ds), a) => {
+                        let ds = ds.iter().map(&dest).collect::<Result<Vec<_>, _>>()?;
+                        Op::Unpack {
+                            bits: ty.bits() / ds.len().max(1) as u32,
+                            ds,
+                            a: src(a)?,
+                        }
+                    }
+                    (d, Operand::Vector(parts)) => {
+                        let parts = parts.iter().map(&src).collect::<Result<Vec<_>, _>>()?;
+                        Op::Pack {
+                            d: dest(d)?,
+                            bits: ty.bits() / parts.len().max(1) as u32,
+                            parts,
+                        }
+                    }
+                    (d, a) => Op::Mov {
+                        ty,
+                        d: dest(d)?,
+                        a: src(a)?,
+                    },
                 }
             }
             "add" | "sub" | "mul" | "div" | "rem" | "max" | "min" | "and" | "or" | "xor"
@@ -638,6 +678,40 @@ fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
                     a: src(&operands[1])?,
                     lane_mask: src(&operands[2])?,
                     clamp: src(&operands[3])?,
+                }
+            }
+            "mma" if has("sync") && has("aligned") && has("row") && has("col") => {
+                n(4)?;
+                let shape = if has("m16n8k16") && matches!(types.get(1), Some(Ty::F16 | Ty::Bf16)) {
+                    Shape::M16N8K16
+                } else if has("m16n8k8") && has("tf32") {
+                    Shape::M16N8K8
+                } else {
+                    return Err(unsupported(i));
+                };
+                // dtype, atype, btype, ctype: tf32 reads as F32.
+                let (acc, inputs) = (ty(0)?, ty(1)?);
+                if ty(3)? != acc || !matches!(acc, Ty::F32 | Ty::F16) {
+                    return Err(unsupported(i));
+                }
+                let regs = |o: &Operand| -> Result<Vec<Src>, ExecError> {
+                    match o {
+                        Operand::Vector(v) => v.iter().map(&src).collect(),
+                        _ => Err(invalid("an mma operand that is not a vector")),
+                    }
+                };
+                let d = match &operands[0] {
+                    Operand::Vector(v) => v.iter().map(&dest).collect::<Result<_, _>>()?,
+                    _ => return Err(invalid("an mma destination that is not a vector")),
+                };
+                Op::Mma {
+                    shape,
+                    inputs,
+                    acc,
+                    d,
+                    a: regs(&operands[1])?,
+                    b: regs(&operands[2])?,
+                    c: regs(&operands[3])?,
                 }
             }
             _ => return Err(unsupported(i)),
@@ -919,6 +993,20 @@ impl<'a> Cta<'a> {
                 let v = self.read(t, a, line)? & ty.mask();
                 self.write(t, *d, v);
             }
+            Op::Pack { d, parts, bits } => {
+                let mut v = 0u64;
+                for (k, part) in parts.iter().enumerate() {
+                    let x = self.read(t, part, line)? & ((1u64 << bits) - 1);
+                    v |= x << (k as u32 * bits);
+                }
+                self.write(t, *d, v);
+            }
+            Op::Unpack { ds, a, bits } => {
+                let x = self.read(t, a, line)?;
+                for (k, d) in ds.iter().enumerate() {
+                    self.write(t, *d, (x >> (k as u32 * bits)) & ((1u64 << bits) - 1));
+                }
+            }
             Op::Arith { op, ty, d, a, b } => {
                 let (x, y) = (self.read(t, a, line)?, self.read(t, b, line)?);
                 let v = arith(*op, *ty, x, y).ok_or_else(|| ExecError::Invalid {
@@ -1072,7 +1160,7 @@ impl<'a> Cta<'a> {
                 self.threads[t].state = State::AtBarrier(pc);
                 return Ok(());
             }
-            Op::WarpSync | Op::ShflBfly { .. } => {
+            Op::WarpSync | Op::ShflBfly { .. } | Op::Mma { .. } => {
                 self.threads[t].state = State::AtWarpOp(pc);
                 return Ok(());
             }
@@ -1140,6 +1228,81 @@ impl<'a> Cta<'a> {
             }
             for (&l, v) in lanes.iter().zip(results) {
                 self.write(l, *d, v & 0xffff_ffff);
+            }
+        }
+        if let Op::Mma {
+            shape,
+            inputs,
+            acc,
+            d,
+            a,
+            b,
+            c,
+        } = op
+        {
+            if lanes.len() != 32 {
+                return Err(ExecError::Divergence {
+                    what: format!("line {line}: mma.sync with {} of 32 lanes", lanes.len()),
+                });
+            }
+            // Elements of a register list: two 16-bit values per register (low first), or
+            // one tf32 (its low 13 mantissa bits ignored) or f32 per register.
+            let unpack = |regs: &[u64], ty: Ty, tf32: bool| -> Vec<f32> {
+                match ty {
+                    Ty::F16 => regs
+                        .iter()
+                        .flat_map(|&r| [r as u16, (r >> 16) as u16])
+                        .map(|h| half::f16::from_bits(h).to_f32())
+                        .collect(),
+                    Ty::Bf16 => regs
+                        .iter()
+                        .flat_map(|&r| [r as u16, (r >> 16) as u16])
+                        .map(|h| half::bf16::from_bits(h).to_f32())
+                        .collect(),
+                    _ if tf32 => regs
+                        .iter()
+                        .map(|&r| f32::from_bits(r as u32 & !0x1fff))
+                        .collect(),
+                    _ => regs.iter().map(|&r| f32::from_bits(r as u32)).collect(),
+                }
+            };
+            let tf32 = *shape == Shape::M16N8K8;
+            let mut av: [Vec<f32>; 32] = Default::default();
+            let mut bv: [Vec<f32>; 32] = Default::default();
+            let mut cv = [[0f32; 4]; 32];
+            for (k, &l) in lanes.iter().enumerate() {
+                let read = |list: &[Src]| -> Result<Vec<u64>, ExecError> {
+                    list.iter().map(|s| self.read(l, s, *line)).collect()
+                };
+                av[k] = unpack(&read(a)?, *inputs, tf32);
+                bv[k] = unpack(&read(b)?, *inputs, tf32);
+                let cs = unpack(&read(c)?, *acc, false);
+                if av[k].len() != shape.a_per_lane()
+                    || bv[k].len() != shape.b_per_lane()
+                    || cs.len() != 4
+                {
+                    return Err(ExecError::Invalid {
+                        what: "mma operands of the wrong length".into(),
+                        line: *line,
+                    });
+                }
+                cv[k].copy_from_slice(&cs);
+            }
+            let dv = mma::multiply(*shape, &av, &bv, &cv);
+            for (k, &l) in lanes.iter().enumerate() {
+                match acc {
+                    Ty::F16 => {
+                        let h = |x: f32| u64::from(half::f16::from_f32(x).to_bits());
+                        for (r, pair) in d.iter().zip(dv[k].chunks(2)) {
+                            self.write(l, *r, h(pair[0]) | h(pair[1]) << 16);
+                        }
+                    }
+                    _ => {
+                        for (r, &x) in d.iter().zip(&dv[k]) {
+                            self.write(l, *r, u64::from(x.to_bits()));
+                        }
+                    }
+                }
             }
         }
         for &l in lanes {
