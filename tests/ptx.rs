@@ -304,3 +304,166 @@ fn the_gemm_kernels_run_in_the_interpreter() {
     }
     assert!(ran >= 5, "{ran} GEMM classes ran");
 }
+
+/// An attention mask `[Lq, Lk]`: boolean (true takes part) or additive.
+#[derive(Clone, Copy)]
+enum Mask<'a> {
+    Keep(&'a [bool]),
+    Add(&'a [f64]),
+}
+
+/// One attention launch through the interpreter: q, k, v `[1, H, L, D]` (contiguous, GQA
+/// with `hk` key/value heads), an optional mask `[Lq, Lk]` (broadcast over heads), for the
+/// kernel `key`; returns the output next to the float64 reference of the inputs as rounded.
+fn attention_in_interpreter(
+    key: KernelKey,
+    (h, hk, lq, lk, d): (usize, usize, usize, usize, usize),
+    causal: bool,
+    mask: Option<Mask>,
+) -> Option<(Vec<f64>, Vec<f64>)> {
+    let (module, name) = embedded(&key)?;
+    let entry = lookup(&key).unwrap();
+    let cuda = entry.cuda.as_ref().unwrap();
+    let elem = match key {
+        KernelKey::FlashFwd(f) => f.elem,
+        KernelKey::MemEffFwd(m) => m.elem,
+        _ => unreachable!("an attention key"),
+    };
+    let (q, k, v) = (random(h * lq * d), random(hk * lk * d), random(hk * lk * d));
+    let rounded = |x: &[f64]| values_of(&bytes_of(x, elem), elem);
+    let (rq, rk, rv) = (rounded(&q), rounded(&k), rounded(&v));
+    let scale = 1.0 / (d as f64).sqrt();
+    let bias = |_: usize, _: usize, i: usize, j: usize| match mask {
+        Some(Mask::Keep(m)) if !m[i * lk + j] => f64::NEG_INFINITY,
+        Some(Mask::Add(m)) => f64::from(m[i * lk + j] as f32),
+        _ => 0.0,
+    };
+    let want = common::attention_reference(
+        &rq,
+        &rk,
+        &rv,
+        [1, h, hk, lq, lk, d, d],
+        scale,
+        causal,
+        &bias,
+    );
+    let size = DType::from(elem).size();
+    let mut memory = Memory::default();
+    let (q_at, k_at, v_at) = (
+        memory.upload(&bytes_of(&q, elem)),
+        memory.upload(&bytes_of(&k, elem)),
+        memory.upload(&bytes_of(&v, elem)),
+    );
+    let o_at = memory.upload(&bytes_of(&vec![f64::NAN; h * lq * d], elem));
+    let lse_at = memory.upload(&f32_bytes(&vec![f32::NAN; h * lq]));
+    let mask_at = match mask {
+        None => o_at,
+        Some(Mask::Keep(m)) => memory.upload(&m.iter().map(|&x| u8::from(x)).collect::<Vec<_>>()),
+        Some(Mask::Add(m)) => memory.upload(&bytes_of(m, elem)),
+    };
+    let ptr = |a: u64| a.to_le_bytes().to_vec();
+    let int = |v: usize| (v as i32).to_le_bytes().to_vec();
+    let long = |v: usize| (v as i64).to_le_bytes().to_vec();
+    let strides = |heads: usize, len: usize| [heads * len * d, len * d, d].map(long);
+    let mut params = vec![ptr(q_at), ptr(k_at), ptr(v_at)];
+    let flash = matches!(key, KernelKey::FlashFwd(_));
+    if flash {
+        params.extend([ptr(o_at), ptr(lse_at)]);
+        params.extend([h, hk, lq, lk].map(int));
+        params.push((scale as f32).to_le_bytes().to_vec());
+    } else {
+        params.extend([ptr(mask_at), ptr(o_at), ptr(lse_at)]);
+        params.extend([h, hk, lq, lk, d].map(int));
+        params.push((scale as f32).to_le_bytes().to_vec());
+        params.push(int(usize::from(causal)));
+    }
+    params.extend(strides(h, lq));
+    params.extend(strides(hk, lk));
+    params.extend(strides(hk, lk));
+    params.extend(strides(h, lq));
+    if !flash {
+        // The mask's [B, H, Lq, Lk] strides: broadcast over batch and heads.
+        params.extend([0, 0, lk, 1].map(long));
+    }
+    params.push(0f64.to_le_bytes().to_vec());
+    params.push(0u64.to_le_bytes().to_vec());
+    let launch = Launch {
+        grid: [lq.div_ceil(cuda.tile[0] as usize) as u32, h as u32, 1],
+        block: cuda.threads,
+        params,
+    };
+    backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let got = values_of(memory.download(o_at, h * lq * d * size).unwrap(), elem);
+    Some((got, want))
+}
+
+/// Flash attention (f16 and bf16 tensor cores) at every head dim it is built for, with and
+/// without causal masking, GQA, and a length that is no tile multiple.
+#[test]
+fn the_flash_kernels_run_in_the_interpreter() {
+    let mut ran = 0;
+    for entry in ENTRIES.iter() {
+        let KernelKey::FlashFwd(key) = entry.key else {
+            continue;
+        };
+        if entry.cuda.is_none() {
+            continue;
+        }
+        let d = key.head_dim as usize;
+        let Some((got, want)) =
+            attention_in_interpreter(entry.key, (4, 2, 33, 33, d), key.causal, None)
+        else {
+            eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+            return;
+        };
+        let err = rel_err(&got, &want);
+        eprintln!("{}: relative error {err:.1e}", entry.name);
+        assert!(err < 1e-2, "{}: {err}", entry.name);
+        ran += 1;
+    }
+    assert!(ran >= 4, "{ran} flash variants ran");
+}
+
+/// Memory-efficient attention: every variant, with a boolean or additive mask, causal with
+/// Lq != Lk (bottom-right keys hidden past the diagonal, as PyTorch's top-left causal).
+#[test]
+fn the_memory_efficient_kernels_run_in_the_interpreter() {
+    let mut ran = 0;
+    for entry in ENTRIES.iter() {
+        let KernelKey::MemEffFwd(key) = entry.key else {
+            continue;
+        };
+        if entry.cuda.is_none() {
+            continue;
+        }
+        let d = (key.head_dim_max as usize).min(40);
+        let (lq, lk) = (19, 27);
+        // Key 0 stays visible to every query (causal included): no row is fully masked here.
+        let keep: Vec<bool> = random(lq * lk)
+            .iter()
+            .enumerate()
+            .map(|(e, &x)| e % lk == 0 || x > -0.6)
+            .collect();
+        let additive = random(lq * lk);
+        let mask = match key.mask {
+            backends::kernels::MaskKind::None => None,
+            backends::kernels::MaskKind::Bool => Some(Mask::Keep(&keep)),
+            backends::kernels::MaskKind::Additive => Some(Mask::Add(&additive)),
+        };
+        for causal in [false, true] {
+            let Some((got, want)) =
+                attention_in_interpreter(entry.key, (2, 1, lq, lk, d), causal, mask)
+            else {
+                eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+                return;
+            };
+            let err = rel_err(&got, &want);
+            eprintln!("{} causal {causal}: relative error {err:.1e}", entry.name);
+            let bound = if key.elem == Elem::F32 { 1e-5 } else { 1e-2 };
+            assert!(err < bound, "{} causal {causal}: {err}", entry.name);
+            ran += 1;
+        }
+    }
+    assert!(ran >= 4, "{ran} memory-efficient runs");
+}

@@ -353,6 +353,8 @@ enum Op {
     },
     ShflBfly {
         d: usize,
+        /// The optional predicate destination (`d|p`): whether the source lane was in range.
+        p: Option<usize>,
         a: Src,
         lane_mask: Src,
         clamp: Src,
@@ -672,9 +674,17 @@ fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
             }
             "shfl" if has("sync") && has("bfly") && has("b32") => {
                 n(5)?;
-                let d = dest(&operands[0])?;
+                // `d|p`: the value and, optionally, whether its lane was in range.
+                let (d, p) = match &operands[0] {
+                    Operand::Reg(pair) if pair.contains('|') => {
+                        let (d, p) = pair.split_once('|').expect("a pair");
+                        (reg(d), Some(reg(p)))
+                    }
+                    other => (dest(other)?, None),
+                };
                 Op::ShflBfly {
                     d,
+                    p,
                     a: src(&operands[1])?,
                     lane_mask: src(&operands[2])?,
                     clamp: src(&operands[3])?,
@@ -1202,6 +1212,7 @@ impl<'a> Cta<'a> {
         let Step { op, line, .. } = &self.decoded.ops[pc];
         if let Op::ShflBfly {
             d,
+            p,
             a,
             lane_mask,
             clamp,
@@ -1219,15 +1230,19 @@ impl<'a> Cta<'a> {
                 let segmask = (c >> 8) & 31;
                 let max_lane = (lane & segmask) | (c & 31 & !segmask);
                 let j = lane ^ b;
-                let source = if j <= max_lane { j } else { lane };
+                let in_range = j <= max_lane;
+                let source = if in_range { j } else { lane };
                 let from = lanes
                     .iter()
                     .position(|&m| u64::from(self.threads[m].linear % 32) == source)
                     .unwrap_or(k);
-                results.push(values[from]);
+                results.push((values[from], in_range));
             }
-            for (&l, v) in lanes.iter().zip(results) {
+            for (&l, (v, in_range)) in lanes.iter().zip(results) {
                 self.write(l, *d, v & 0xffff_ffff);
+                if let Some(p) = p {
+                    self.write(l, *p, u64::from(in_range));
+                }
             }
         }
         if let Op::Mma {
