@@ -467,3 +467,37 @@ fn the_memory_efficient_kernels_run_in_the_interpreter() {
     }
     assert!(ran >= 4, "{ran} memory-efficient runs");
 }
+
+/// A query row that sees no key (its boolean mask row all false) gives 0 on the
+/// memory-efficient kernels too, as the contract says for every backend.
+#[test]
+fn a_fully_masked_row_gives_zeros_in_the_interpreter() {
+    for entry in ENTRIES.iter() {
+        let KernelKey::MemEffFwd(key) = entry.key else {
+            continue;
+        };
+        if entry.cuda.is_none() || key.mask != backends::kernels::MaskKind::Bool {
+            continue;
+        }
+        let (lq, lk, d) = (5, 9, 16);
+        // Row 2 sees nothing; every other row sees every key.
+        let keep: Vec<bool> = (0..lq * lk).map(|e| e / lk != 2).collect();
+        let Some((got, want)) =
+            attention_in_interpreter(entry.key, (1, 1, lq, lk, d), false, Some(Mask::Keep(&keep)))
+        else {
+            eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+            return;
+        };
+        let row = &got[2 * d..3 * d];
+        assert!(row.iter().all(|&x| x == 0.0), "{}: {row:?}", entry.name);
+        let (got_rest, want_rest): (Vec<f64>, Vec<f64>) = got
+            .iter()
+            .zip(&want)
+            .enumerate()
+            .filter(|(e, _)| e / d != 2)
+            .map(|(_, (g, w))| (*g, *w))
+            .unzip();
+        let bound = if key.elem == Elem::F32 { 1e-5 } else { 1e-2 };
+        assert!(rel_err(&got_rest, &want_rest) < bound, "{}", entry.name);
+    }
+}
