@@ -182,7 +182,8 @@ fn bytes_of(values: &[f64], elem: Elem) -> Vec<u8> {
     values
         .iter()
         .flat_map(|&v| match elem {
-            Elem::F16 => half::f16::from_f64(v).to_le_bytes().to_vec(),
+            // Through f32, as the library converts.
+            Elem::F16 => half::f16::from_f32(v as f32).to_le_bytes().to_vec(),
             Elem::Bf16 => half::bf16::from_f32(v as f32).to_le_bytes().to_vec(),
             _ => (v as f32).to_le_bytes().to_vec(),
         })
@@ -317,19 +318,13 @@ enum Mask<'a> {
 /// kernel `key`; returns the output next to the float64 reference of the inputs as rounded.
 fn attention_in_interpreter(
     key: KernelKey,
-    (h, hk, lq, lk, d): (usize, usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize, usize),
     causal: bool,
     mask: Option<Mask>,
 ) -> Option<(Vec<f64>, Vec<f64>)> {
-    let (module, name) = embedded(&key)?;
-    let entry = lookup(&key).unwrap();
-    let cuda = entry.cuda.as_ref().unwrap();
-    let elem = match key {
-        KernelKey::FlashFwd(f) => f.elem,
-        KernelKey::MemEffFwd(m) => m.elem,
-        _ => unreachable!("an attention key"),
-    };
+    let (h, hk, lq, lk, d) = dims;
     let (q, k, v) = (random(h * lq * d), random(hk * lk * d), random(hk * lk * d));
+    let elem = attention_elem(key);
     let rounded = |x: &[f64]| values_of(&bytes_of(x, elem), elem);
     let (rq, rk, rv) = (rounded(&q), rounded(&k), rounded(&v));
     let scale = 1.0 / (d as f64).sqrt();
@@ -347,12 +342,40 @@ fn attention_in_interpreter(
         causal,
         &bias,
     );
+    let got = run_attention(key, dims, causal, mask, None, [&q, &k, &v])?;
+    Some((got, want))
+}
+
+/// The element type of an attention kernel.
+fn attention_elem(key: KernelKey) -> Elem {
+    match key {
+        KernelKey::FlashFwd(f) => f.elem,
+        KernelKey::MemEffFwd(m) => m.elem,
+        _ => unreachable!("an attention key"),
+    }
+}
+
+/// Launches attention kernel `key` in the interpreter on q, k, v (`[1, H(k), L, D]`), with an
+/// optional mask and dropout `(p, key)`; returns the output.
+fn run_attention(
+    key: KernelKey,
+    (h, hk, lq, lk, d): (usize, usize, usize, usize, usize),
+    causal: bool,
+    mask: Option<Mask>,
+    dropout: Option<(f64, u64)>,
+    [q, k, v]: [&[f64]; 3],
+) -> Option<Vec<f64>> {
+    let (module, name) = embedded(&key)?;
+    let entry = lookup(&key).unwrap();
+    let cuda = entry.cuda.as_ref().unwrap();
+    let elem = attention_elem(key);
+    let scale = 1.0 / (d as f64).sqrt();
     let size = DType::from(elem).size();
     let mut memory = Memory::default();
     let (q_at, k_at, v_at) = (
-        memory.upload(&bytes_of(&q, elem)),
-        memory.upload(&bytes_of(&k, elem)),
-        memory.upload(&bytes_of(&v, elem)),
+        memory.upload(&bytes_of(q, elem)),
+        memory.upload(&bytes_of(k, elem)),
+        memory.upload(&bytes_of(v, elem)),
     );
     let o_at = memory.upload(&bytes_of(&vec![f64::NAN; h * lq * d], elem));
     let lse_at = memory.upload(&f32_bytes(&vec![f32::NAN; h * lq]));
@@ -385,8 +408,9 @@ fn attention_in_interpreter(
         // The mask's [B, H, Lq, Lk] strides: broadcast over batch and heads.
         params.extend([0, 0, lk, 1].map(long));
     }
-    params.push(0f64.to_le_bytes().to_vec());
-    params.push(0u64.to_le_bytes().to_vec());
+    let (p, seed) = dropout.unwrap_or((0.0, 0));
+    params.push(p.to_le_bytes().to_vec());
+    params.push(seed.to_le_bytes().to_vec());
     let launch = Launch {
         grid: [lq.div_ceil(cuda.tile[0] as usize) as u32, h as u32, 1],
         block: cuda.threads,
@@ -394,8 +418,10 @@ fn attention_in_interpreter(
     };
     backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let got = values_of(memory.download(o_at, h * lq * d * size).unwrap(), elem);
-    Some((got, want))
+    Some(values_of(
+        memory.download(o_at, h * lq * d * size).unwrap(),
+        elem,
+    ))
 }
 
 /// Flash attention (f16 and bf16 tensor cores) at every head dim it is built for, with and
@@ -499,5 +525,75 @@ fn a_fully_masked_row_gives_zeros_in_the_interpreter() {
             .unzip();
         let bound = if key.elem == Elem::F32 { 1e-5 } else { 1e-2 };
         assert!(rel_err(&got_rest, &want_rest) < bound, "{}", entry.name);
+    }
+}
+
+/// Dropout inside the kernels decides every weight as the host does: the kernels, run from
+/// the shipped PTX with the key of a generator's draw, match the CPU math path drawing from
+/// a generator at the same seed (same weights kept, same 1 / (1 - p) scale).
+#[test]
+fn dropout_in_the_kernels_keeps_the_weights_the_host_keeps() {
+    use backends::attention::{SdpBackend, sdpa_kernel_scoped};
+    use backends::{Generator, SdpaOptions, Tensor};
+    let (h, hk, lq, lk, d) = (2, 2, 17, 17, 32);
+    let flash_bf16 = KernelKey::FlashFwd(backends::kernels::FlashKey {
+        elem: Elem::Bf16,
+        head_dim: 32,
+        causal: false,
+    });
+    let mem_eff_f32 = ENTRIES
+        .iter()
+        .find(|e| {
+            matches!(e.key, KernelKey::MemEffFwd(m)
+                if m.elem == Elem::F32 && m.mask == backends::kernels::MaskKind::None)
+        })
+        .map(|e| e.key)
+        .expect("a memory-efficient f32 variant");
+    for (key, bound) in [(flash_bf16, 1e-2), (mem_eff_f32, 1e-5)] {
+        let elem = attention_elem(key);
+        let (q, k, v) = (random(h * lq * d), random(hk * lk * d), random(hk * lk * d));
+        let p = 0.3;
+        let seed = 1234;
+        let draw = Generator::new(seed).draw((h * lq * lk) as u64);
+        let Some(got) = run_attention(
+            key,
+            (h, hk, lq, lk, d),
+            false,
+            None,
+            Some((p, draw.key())),
+            [&q, &k, &v],
+        ) else {
+            eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+            return;
+        };
+        let dtype = DType::from(elem);
+        let tensor = |x: &[f64], heads: usize, len: usize| {
+            Tensor::from_f64(x, &[1, heads, len, d], dtype, backends::Device::Cpu).unwrap()
+        };
+        let generator = Generator::new(seed);
+        let want = {
+            let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+            backends::sdpa(
+                &tensor(&q, h, lq),
+                &tensor(&k, hk, lk),
+                &tensor(&v, hk, lk),
+                &SdpaOptions {
+                    dropout_p: p,
+                    generator: Some(&generator),
+                    ..SdpaOptions::default()
+                },
+            )
+            .unwrap()
+            .output
+            .to_f64()
+            .unwrap()
+        };
+        let err = rel_err(&got, &want);
+        eprintln!("{key:?} with dropout: relative error {err:.1e}");
+        assert!(err < bound, "{key:?}: {err}");
+        // And the draw mattered: without dropout the output is far from it.
+        let plain =
+            run_attention(key, (h, hk, lq, lk, d), false, None, None, [&q, &k, &v]).unwrap();
+        assert!(rel_err(&plain, &want) > 10.0 * bound.max(1e-3), "{key:?}");
     }
 }
