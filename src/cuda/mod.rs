@@ -71,13 +71,7 @@ pub fn is_flash_attention_available() -> bool {
 pub fn synchronize(ordinal: usize) -> crate::Result<()> {
     #[cfg(feature = "cuda")]
     {
-        crate::runtime::cuda::device::CudaDevice::get(ordinal)?
-            .stream()
-            .synchronize()
-            .map_err(|e| crate::Error::Driver {
-                call: "cuStreamSynchronize",
-                detail: format!("{e:?}"),
-            })
+        crate::runtime::cuda::device::CudaDevice::get(ordinal)?.synchronize()
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -171,6 +165,7 @@ pub(crate) fn report() -> serde_json::Value {
         "unavailable_reason": unavailable_reason(),
         "driver_version": driver_version(),
         "device_count": device_count(),
+        "interpreted": crate::runtime::cuda::driver::state().interpreted,
         "devices": devices,
         "matmul": matmul::report(),
         "preferred_blas_library": PREFERRED_BLAS.report(),

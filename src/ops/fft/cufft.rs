@@ -83,7 +83,7 @@ pub(crate) fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
         .collect::<Result<Vec<c_int>>>()?;
     let rank = n.len() as c_int;
     let batch = crate::runtime::cuda::launch::int_arg(op, key.batch)?;
-    let stream = CudaDevice::get(ordinal)?.stream();
+    let stream = CudaDevice::get(ordinal)?.stream()?;
     CudaDevice::get(ordinal)?.bind()?;
     crate::core::verbose::creation_event(|| {
         format!(
@@ -137,7 +137,13 @@ pub(crate) fn run(
     norm: usize,
 ) -> Result<CudaBuffer> {
     let out = CudaBuffer::zeroed(ordinal, out_len)?;
-    execute(ordinal, plan, key, input.view(offset), out.view(0))?;
+    execute(
+        ordinal,
+        plan,
+        key,
+        input.driver_view(offset)?,
+        out.driver_view(0)?,
+    )?;
     if matches!(key.direction, Direction::Inverse | Direction::RealInverse) {
         scale(ordinal, &out, key.dtype, 1.0 / norm as f64)?;
     }
@@ -153,7 +159,7 @@ fn execute(
     target: CudaView<'_, u8>,
 ) -> Result<()> {
     CudaDevice::get(ordinal)?.bind()?;
-    let stream = CudaDevice::get(ordinal)?.stream();
+    let stream = CudaDevice::get(ordinal)?.stream()?;
     let (from, _from_sync) = source.device_ptr(&stream);
     let (to, _to_sync) = target.device_ptr(&stream);
     let (from, to) = (from as *mut std::ffi::c_void, to as *mut std::ffi::c_void);

@@ -78,7 +78,10 @@ pub(super) fn why_unusable(vendor: Vendor, ordinal: usize) -> Option<String> {
     if !vendor.present() {
         return Some(format!("{} is not loadable here", vendor.name()));
     }
-    CudaDevice::get(ordinal).err().map(|e| e.to_string())
+    CudaDevice::get(ordinal)
+        .and_then(|device| device.stream())
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// How the libraries are asked to multiply, from the flags.
@@ -243,7 +246,7 @@ pub(super) fn gemm(
     let ops = operands(p)?;
     let dtype = a.dtype();
     let device = CudaDevice::get(ordinal)?;
-    let stream = device.stream();
+    let stream = device.stream()?;
     device.bind()?;
     let mut handles = device
         .state::<DeviceHandles>()
@@ -254,11 +257,11 @@ pub(super) fn gemm(
     let (a_view, b_view, c_view) = (
         a.cuda_buffer()
             .expect("a CUDA tensor has a buffer")
-            .view(a.offset() * size),
+            .driver_view(a.offset() * size)?,
         b.cuda_buffer()
             .expect("a CUDA tensor has a buffer")
-            .view(b.offset() * size),
-        out.view(0),
+            .driver_view(b.offset() * size)?,
+        out.driver_view(0)?,
     );
     let (a_ptr, _a_sync) = a_view.device_ptr(&stream);
     let (b_ptr, _b_sync) = b_view.device_ptr(&stream);
@@ -302,7 +305,7 @@ pub(super) fn gemm(
                 handles.cublaslt = Some((handle, CudaBuffer::zeroed(ordinal, LT_WORKSPACE)?));
             }
             let (handle, workspace) = handles.cublaslt.as_ref().expect("created above");
-            let workspace = workspace.view(0);
+            let workspace = workspace.driver_view(0)?;
             let (w_ptr, _w_sync) = workspace.device_ptr(&stream);
             let stream_ptr = stream.cu_stream() as lt::cudaStream_t;
             run_cublaslt(*handle, (w_ptr, stream_ptr), &product)

@@ -739,13 +739,14 @@ fn execute(ordinal: usize, job: &Job, out: &CudaBuffer, lse: &CudaBuffer) -> Res
         ..
     } = *job;
     let size = q.dtype().size();
-    let stream = CudaDevice::get(ordinal)?.stream();
-    let views = [q, k, v].map(|t| {
+    let stream = CudaDevice::get(ordinal)?.stream()?;
+    let [qv, kv, vv] = [q, k, v].map(|t| {
         t.cuda_buffer()
             .expect("a CUDA tensor has a buffer")
-            .view(t.offset() * size)
+            .driver_view(t.offset() * size)
     });
-    let (out_view, lse_view) = (out.view(0), lse.view(0));
+    let views = [qv?, kv?, vv?];
+    let (out_view, lse_view) = (out.driver_view(0)?, lse.driver_view(0)?);
     let dropout = (o.dropout_p > 0.0).then_some(o.dropout_p);
     // cuDNN's Philox takes the generator's seed and offset as they are.
     let seeds = match job.dropout {
@@ -755,7 +756,10 @@ fn execute(ordinal: usize, job: &Job, out: &CudaBuffer, lse: &CudaBuffer) -> Res
         ]),
         None => None,
     };
-    let seed_views = seeds.as_ref().map(|[a, b]| [a.view(0), b.view(0)]);
+    let seed_views = seeds
+        .as_ref()
+        .map(|[a, b]| Ok::<_, Error>([a.driver_view(0)?, b.driver_view(0)?]))
+        .transpose()?;
     let pointers = views.each_ref().map(|view| view.device_ptr(&stream));
     let (o_ptr, _o_sync) = out_view.device_ptr(&stream);
     let (lse_ptr, _lse_sync) = lse_view.device_ptr(&stream);
@@ -796,7 +800,7 @@ fn execute(ordinal: usize, job: &Job, out: &CudaBuffer, lse: &CudaBuffer) -> Res
     }
     let (ids, addresses): (Vec<i64>, Vec<*mut c_void>) = bound.into_iter().unzip();
     let run = |handle, plan: &Plan, workspace: &CudaBuffer| -> Result<()> {
-        let view = workspace.view(0);
+        let view = workspace.driver_view(0)?;
         let (w_ptr, _w_sync) = view.device_ptr(&stream);
         // SAFETY: every pointer stays valid until the call returns (device buffers held by
         // the caller, host scalars on its frame); the plan was built on `handle` for these

@@ -49,7 +49,9 @@ impl DeviceCaps {
                 present: i < crate::runtime::cuda::device_count(),
                 sm: crate::runtime::cuda::get_device_capability(i),
                 shader_f16: false,
-                cudnn_version: crate::runtime::cuda::cudnn_version(),
+                // The interpreted device runs no vendor library.
+                cudnn_version: crate::runtime::cuda::cudnn_version()
+                    .filter(|_| !crate::runtime::cuda::driver::state().interpreted),
             },
             Device::Wgpu(i) => {
                 let adapter = crate::runtime::wgpu::adapters::list().get(i);

@@ -16,12 +16,44 @@ use cudarc::driver::{CudaContext, CudaModule, CudaStream};
 use crate::kernels::Family;
 use crate::{Error, Result};
 
-/// A CUDA device: context, stream, loaded modules and per-device state.
+/// A CUDA device: its backend, loaded modules and per-device state.
 pub(crate) struct CudaDevice {
     ordinal: usize,
-    context: Arc<CudaContext>,
+    backend: Backend,
     modules: Mutex<HashMap<Family, Arc<CudaModule>>>,
     state: Mutex<HashMap<TypeId, &'static (dyn Any + Send + Sync)>>,
+}
+
+/// What runs a device's work.
+enum Backend {
+    /// The CUDA driver: the device's primary context.
+    Driver(Arc<CudaContext>),
+    /// The PTX interpreter.
+    Interpreter(Interpreter),
+}
+
+/// The interpreted device: its global memory and the modules parsed for it.
+pub(crate) struct Interpreter {
+    /// Global memory (allocations at distinct addresses).
+    pub(crate) memory: Mutex<backends_ptx::Memory>,
+    modules: Mutex<HashMap<Family, Arc<backends_ptx::Module>>>,
+}
+
+impl Interpreter {
+    /// The module of `family`, parsed on first use from the PTX for the device's arch.
+    pub(crate) fn module(&self, family: Family, sm: u32) -> Result<Arc<backends_ptx::Module>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(module) = modules.get(&family) {
+            return Ok(module.clone());
+        }
+        let ptx = crate::kernels::ptx_for(family, sm)?;
+        let module = Arc::new(backends_ptx::parse::parse(&ptx).map_err(|e| Error::Driver {
+            call: "the PTX interpreter's parser",
+            detail: e.to_string(),
+        })?);
+        modules.insert(family, module.clone());
+        Ok(module)
+    }
 }
 
 impl CudaDevice {
@@ -44,14 +76,21 @@ impl CudaDevice {
         if let Some(device) = devices.get(&ordinal) {
             return Ok(device);
         }
-        let context = CudaContext::new(ordinal).map_err(|e| Error::Driver {
-            call: "cuDevicePrimaryCtxRetain",
-            detail: format!("{e:?}"),
-        })?;
+        let backend = if super::driver::state().interpreted {
+            Backend::Interpreter(Interpreter {
+                memory: Mutex::default(),
+                modules: Mutex::default(),
+            })
+        } else {
+            Backend::Driver(CudaContext::new(ordinal).map_err(|e| Error::Driver {
+                call: "cuDevicePrimaryCtxRetain",
+                detail: format!("{e:?}"),
+            })?)
+        };
         // One per ordinal, for the process: leaking it gives every user a plain reference.
         let device: &'static CudaDevice = Box::leak(Box::new(CudaDevice {
             ordinal,
-            context,
+            backend,
             modules: Mutex::default(),
             state: Mutex::default(),
         }));
@@ -59,28 +98,70 @@ impl CudaDevice {
         Ok(device)
     }
 
+    /// The interpreter, where this device is the interpreted one.
+    pub(crate) fn interpreter(&self) -> Option<&Interpreter> {
+        match &self.backend {
+            Backend::Interpreter(interpreter) => Some(interpreter),
+            Backend::Driver(_) => None,
+        }
+    }
+
+    /// The driver context, or why there is none (the interpreted device).
+    fn context(&self) -> Result<&Arc<CudaContext>> {
+        match &self.backend {
+            Backend::Driver(context) => Ok(context),
+            Backend::Interpreter(_) => Err(Error::Unavailable {
+                what: "the CUDA driver",
+                why: format!(
+                    "cuda:{} is the PTX interpreter ({}=1): vendor libraries (cuBLAS, cuDNN, \
+                     cuFFT) and driver streams do not run on it",
+                    self.ordinal,
+                    super::driver::INTERPRET_ENV
+                ),
+            }),
+        }
+    }
+
     /// The default stream: every buffer and kernel of the device uses it, so operations are
-    /// ordered without events.
-    pub(crate) fn stream(&self) -> Arc<CudaStream> {
-        self.context.default_stream()
+    /// ordered without events (the driver's only).
+    pub(crate) fn stream(&self) -> Result<Arc<CudaStream>> {
+        Ok(self.context()?.default_stream())
     }
 
     /// Makes the device's context current on this thread, as the vendor libraries (cuBLAS,
-    /// cuDNN, cuFFT), which run on the caller's context, need.
+    /// cuDNN, cuFFT), which run on the caller's context, need (the driver's only).
     pub(crate) fn bind(&self) -> Result<()> {
-        self.context.bind_to_thread().map_err(|e| Error::Driver {
+        self.context()?.bind_to_thread().map_err(|e| Error::Driver {
             call: "cuCtxSetCurrent",
             detail: format!("{e:?}"),
         })
     }
 
-    /// The module of `family`, loaded on first use (see [`super::loader::load`]).
+    /// Waits for every kernel and copy queued on the device (at once on the interpreter,
+    /// which runs each launch to its end).
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Interpreter(_) => Ok(()),
+            Backend::Driver(context) => {
+                context
+                    .default_stream()
+                    .synchronize()
+                    .map_err(|e| Error::Driver {
+                        call: "cuStreamSynchronize",
+                        detail: format!("{e:?}"),
+                    })
+            }
+        }
+    }
+
+    /// The driver module of `family`, loaded on first use (see [`super::loader::load`]).
     pub(crate) fn module(&self, family: Family) -> Result<Arc<CudaModule>> {
+        let context = self.context()?;
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&family) {
             return Ok(module.clone());
         }
-        let module = super::loader::load(&self.context, self.ordinal, family)?;
+        let module = super::loader::load(context, self.ordinal, family)?;
         modules.insert(family, module.clone());
         Ok(module)
     }

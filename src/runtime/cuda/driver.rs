@@ -25,6 +25,43 @@ pub(crate) struct DriverState {
     pub devices: Vec<DeviceProperties>,
     /// Why no device can be used, when none can.
     pub problem: Option<String>,
+    /// The devices are the PTX interpreter's (`BACKENDS_CUDA_INTERPRET=1`), not the driver's.
+    pub interpreted: bool,
+}
+
+/// The variable that makes `cuda:0` the PTX interpreter.
+#[cfg(feature = "cuda")]
+pub const INTERPRET_ENV: &str = "BACKENDS_CUDA_INTERPRET";
+/// The compute capability the interpreter reports (`90` or `sm_90`; 90 by default).
+#[cfg(feature = "cuda")]
+pub const INTERPRET_ARCH_ENV: &str = "BACKENDS_CUDA_INTERPRET_ARCH";
+/// Set, the interpreter prints each launch's counters.
+#[cfg(feature = "cuda")]
+pub const INTERPRET_STATS_ENV: &str = "BACKENDS_CUDA_INTERPRET_STATS";
+
+/// One interpreted device, where `BACKENDS_CUDA_INTERPRET=1` asks for it.
+#[cfg(feature = "cuda")]
+fn interpreted() -> Option<DriverState> {
+    if std::env::var(INTERPRET_ENV).ok()?.trim() != "1" {
+        return None;
+    }
+    let arch = std::env::var(INTERPRET_ARCH_ENV)
+        .ok()
+        .and_then(|a| a.trim().trim_start_matches("sm_").parse::<u32>().ok())
+        .filter(|a| (50..=120).contains(a))
+        .unwrap_or(90);
+    Some(DriverState {
+        version: None,
+        devices: vec![DeviceProperties {
+            name: format!("PTX interpreter (sm_{arch})"),
+            major: arch / 10,
+            minor: arch % 10,
+            multi_processor_count: 1,
+            total_memory: 1 << 34,
+        }],
+        problem: None,
+        interpreted: true,
+    })
 }
 
 pub(crate) fn state() -> &'static DriverState {
@@ -36,6 +73,9 @@ pub(crate) fn state() -> &'static DriverState {
 fn probe() -> DriverState {
     use cudarc::driver::{result, sys};
 
+    if let Some(state) = interpreted() {
+        return state;
+    }
     // SAFETY: only tries to dlopen the driver library by its standard names.
     if !unsafe { sys::is_culib_present() } {
         return DriverState {
@@ -67,6 +107,7 @@ fn probe() -> DriverState {
         version,
         devices,
         problem,
+        interpreted: false,
     }
 }
 

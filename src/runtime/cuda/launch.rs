@@ -4,70 +4,101 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
 
 use super::device::CudaDevice;
+use super::memory::View;
 use crate::kernels::{self, KernelEntry, KernelKey, PtxParam};
 use crate::{Error, Result};
 
-/// A generated kernel ready to launch on device `ordinal`: its table entry, function and
-/// parameter list (read from its PTX).
+/// A generated kernel ready to launch on device `ordinal`: its table entry, the code that
+/// runs it and its parameter list (read from its PTX).
 pub(crate) struct Kernel {
     /// The table entry (name, launch geometry).
     pub entry: &'static KernelEntry,
-    function: CudaFunction,
-    stream: Arc<CudaStream>,
+    code: Code,
     params: Vec<PtxParam>,
+}
+
+/// What runs a kernel: a driver function on a stream, or the interpreter's parsed module.
+enum Code {
+    Driver(CudaFunction, Arc<CudaStream>),
+    Interpreted(&'static CudaDevice, Arc<backends_ptx::Module>),
 }
 
 /// A kernel's arguments in order, each with its PTX type, so that [`Kernel::launch`] can
 /// check them against the kernel's parameter list: a mismatch is an error, not a kernel
 /// reading garbage.
 pub(crate) struct Args<'a> {
-    inner: LaunchArgs<'a>,
+    values: Values<'a>,
     kinds: Vec<PtxParam>,
 }
 
+/// The arguments as the backend takes them: the driver's builder, or their bytes.
+enum Values<'a> {
+    Driver(LaunchArgs<'a>),
+    Interpreted(Vec<Vec<u8>>),
+}
+
 impl<'a> Args<'a> {
+    fn push<T: cudarc::driver::DeviceRepr>(
+        &mut self,
+        value: &'a T,
+        bytes: Vec<u8>,
+        kind: PtxParam,
+    ) {
+        match &mut self.values {
+            Values::Driver(args) => {
+                args.arg(value);
+            }
+            Values::Interpreted(list) => list.push(bytes),
+        }
+        self.kinds.push(kind);
+    }
+
     /// A device pointer (`T*`).
-    pub(crate) fn ptr<'c: 'a>(&mut self, view: &'a CudaView<'c, u8>) -> &mut Self {
-        self.inner.arg(view);
+    pub(crate) fn ptr<'c: 'a>(&mut self, view: &'a View<'c>) -> &mut Self {
+        match (view, &mut self.values) {
+            (View::Driver(view), Values::Driver(args)) => {
+                args.arg(view);
+            }
+            (View::Interpreted(address), Values::Interpreted(list)) => {
+                list.push(address.to_le_bytes().to_vec());
+            }
+            // A view of the other backend's memory: caught by the kinds check below.
+            _ => return self,
+        }
         self.kinds.push(PtxParam::B64);
         self
     }
 
     /// An `int`.
     pub(crate) fn int(&mut self, value: &'a i32) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B32);
+        self.push(value, value.to_le_bytes().to_vec(), PtxParam::B32);
         self
     }
 
     /// A `long long`.
     pub(crate) fn long(&mut self, value: &'a i64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B64);
+        self.push(value, value.to_le_bytes().to_vec(), PtxParam::B64);
         self
     }
 
     /// An `unsigned long long`.
     pub(crate) fn ulong(&mut self, value: &'a u64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::B64);
+        self.push(value, value.to_le_bytes().to_vec(), PtxParam::B64);
         self
     }
 
     /// A `float`.
     pub(crate) fn float(&mut self, value: &'a f32) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::F32);
+        self.push(value, value.to_le_bytes().to_vec(), PtxParam::F32);
         self
     }
 
     /// A `double`.
     pub(crate) fn double(&mut self, value: &'a f64) -> &mut Self {
-        self.inner.arg(value);
-        self.kinds.push(PtxParam::F64);
+        self.push(value, value.to_le_bytes().to_vec(), PtxParam::F64);
         self
     }
 }
@@ -94,7 +125,7 @@ impl Kernel {
                 ),
             });
         }
-        let module = CudaDevice::get(ordinal)?.module(key.family())?;
+        let device = CudaDevice::get(ordinal)?;
         let ptx = kernels::ptx_for(key.family(), major * 10 + minor)?;
         let params = kernels::ptx_params(&ptx, entry.name).ok_or_else(|| Error::Driver {
             call: "reading the kernel's parameters",
@@ -104,16 +135,25 @@ impl Kernel {
                 entry.name
             ),
         })?;
-        let function = module
-            .load_function(entry.name)
-            .map_err(|e| Error::Driver {
-                call: "cuModuleGetFunction",
-                detail: format!("{}: {e:?}", entry.name),
-            })?;
+        let code = match device.interpreter() {
+            Some(interpreter) => Code::Interpreted(
+                device,
+                interpreter.module(key.family(), major * 10 + minor)?,
+            ),
+            None => {
+                let function = device
+                    .module(key.family())?
+                    .load_function(entry.name)
+                    .map_err(|e| Error::Driver {
+                        call: "cuModuleGetFunction",
+                        detail: format!("{}: {e:?}", entry.name),
+                    })?;
+                Code::Driver(function, device.stream()?)
+            }
+        };
         Ok(Kernel {
             entry,
-            function,
-            stream: CudaDevice::get(ordinal)?.stream(),
+            code,
             params,
         })
     }
@@ -133,7 +173,10 @@ impl Kernel {
     /// kernel's parameters) and pass to [`Kernel::launch`].
     pub(crate) fn args(&self) -> Args<'_> {
         Args {
-            inner: self.stream.launch_builder(&self.function),
+            values: match &self.code {
+                Code::Driver(function, stream) => Values::Driver(stream.launch_builder(function)),
+                Code::Interpreted(..) => Values::Interpreted(Vec::new()),
+            },
             kinds: Vec::with_capacity(self.params.len()),
         }
     }
@@ -154,20 +197,56 @@ impl Kernel {
                 ),
             });
         }
-        let mut args = args.inner;
-        let config = LaunchConfig {
-            grid_dim: grid,
-            block_dim: self.threads(),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the caller guarantees the arguments (see above); the kernels use static
-        // shared memory only, so the launch needs no dynamic shared memory.
-        unsafe { args.launch(config) }
-            .map(|_| ())
-            .map_err(|e| Error::Driver {
-                call: "cuLaunchKernel",
-                detail: format!("{}: {e:?}", self.entry.name),
-            })
+        let (x, y, z) = self.threads();
+        match (args.values, &self.code) {
+            (Values::Driver(mut args), Code::Driver(..)) => {
+                let config = LaunchConfig {
+                    grid_dim: grid,
+                    block_dim: (x, y, z),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the caller guarantees the arguments (see above); the kernels use
+                // static shared memory only, so the launch needs no dynamic shared memory.
+                unsafe { args.launch(config) }
+                    .map(|_| ())
+                    .map_err(|e| Error::Driver {
+                        call: "cuLaunchKernel",
+                        detail: format!("{}: {e:?}", self.entry.name),
+                    })
+            }
+            (Values::Interpreted(params), Code::Interpreted(device, module)) => {
+                let kernel = module
+                    .kernel(self.entry.name)
+                    .ok_or_else(|| Error::Driver {
+                        call: "the PTX interpreter",
+                        detail: format!("the PTX has no entry {}", self.entry.name),
+                    })?;
+                let launch = backends_ptx::Launch {
+                    grid: [grid.0, grid.1, grid.2],
+                    block: [x, y, z],
+                    params,
+                };
+                let interpreter = device.interpreter().expect("an interpreted device");
+                let mut memory = interpreter.memory.lock().unwrap_or_else(|p| p.into_inner());
+                let stats =
+                    backends_ptx::run(kernel, &launch, &mut memory).map_err(|e| Error::Driver {
+                        call: "the PTX interpreter",
+                        detail: format!("{}: {e}", self.entry.name),
+                    })?;
+                if std::env::var_os(super::driver::INTERPRET_STATS_ENV).is_some() {
+                    eprintln!(
+                        "backends_ptx,{},grid {:?},block {:?},{} instructions,{} barriers",
+                        self.entry.name,
+                        launch.grid,
+                        launch.block,
+                        stats.instructions,
+                        stats.barriers
+                    );
+                }
+                Ok(())
+            }
+            _ => unreachable!("arguments are built by the kernel's own `args`"),
+        }
     }
 }
 

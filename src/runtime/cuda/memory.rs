@@ -9,9 +9,25 @@ use crate::{Device, Error, Result};
 /// A CUDA allocation holding a tensor's elements.
 pub(crate) struct CudaBuffer {
     ordinal: usize,
-    /// Never empty: a zero-byte tensor holds one byte, as the driver allocates no zero bytes.
-    bytes: CudaSlice<u8>,
+    memory: Memory,
     len: usize,
+}
+
+/// Where a buffer's bytes are.
+enum Memory {
+    /// Driver memory. Never empty: a zero-byte tensor holds one byte, as the driver
+    /// allocates no zero bytes.
+    Driver(CudaSlice<u8>),
+    /// The interpreter's global memory, at this address.
+    Interpreted(u64),
+}
+
+/// A buffer from a byte offset on, as a kernel argument.
+pub(crate) enum View<'a> {
+    /// Driver memory.
+    Driver(CudaView<'a, u8>),
+    /// The interpreter's memory: the address.
+    Interpreted(u64),
 }
 
 impl std::fmt::Debug for CudaBuffer {
@@ -45,44 +61,78 @@ pub(crate) fn driver_error(
 impl CudaBuffer {
     /// A copy of `bytes` on device `ordinal`.
     pub(crate) fn upload(ordinal: usize, bytes: &[u8]) -> Result<CudaBuffer> {
-        let stream = CudaDevice::get(ordinal)?.stream();
-        let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
-        let slice =
-            stream
-                .clone_htod(data)
-                .map_err(driver_error("cuMemcpyHtoD", ordinal, bytes.len()))?;
+        let device = CudaDevice::get(ordinal)?;
+        let memory = match device.interpreter() {
+            Some(interpreter) => Memory::Interpreted(
+                interpreter
+                    .memory
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .upload(bytes),
+            ),
+            None => {
+                let data = if bytes.is_empty() { &[0u8][..] } else { bytes };
+                Memory::Driver(device.stream()?.clone_htod(data).map_err(driver_error(
+                    "cuMemcpyHtoD",
+                    ordinal,
+                    bytes.len(),
+                ))?)
+            }
+        };
         Ok(CudaBuffer {
             ordinal,
-            bytes: slice,
+            memory,
             len: bytes.len(),
         })
     }
 
     /// `len` zero bytes on device `ordinal`.
     pub(crate) fn zeroed(ordinal: usize, len: usize) -> Result<CudaBuffer> {
-        let stream = CudaDevice::get(ordinal)?.stream();
-        let slice = stream.alloc_zeros::<u8>(len.max(1)).map_err(driver_error(
-            "cuMemAlloc",
-            ordinal,
-            len,
-        ))?;
+        let device = CudaDevice::get(ordinal)?;
+        if device.interpreter().is_some() {
+            let zeros =
+                crate::core::tensor::host_zeros::<u8>("cuda (interpreted)", len).map_err(|_| {
+                    Error::OutOfMemory {
+                        device: Device::Cuda(ordinal),
+                        bytes: len as u64,
+                        why: "the PTX interpreter's memory is the host's".into(),
+                    }
+                })?;
+            return CudaBuffer::upload(ordinal, &zeros);
+        }
+        let slice = device
+            .stream()?
+            .alloc_zeros::<u8>(len.max(1))
+            .map_err(driver_error("cuMemAlloc", ordinal, len))?;
         Ok(CudaBuffer {
             ordinal,
-            bytes: slice,
+            memory: Memory::Driver(slice),
             len,
         })
     }
 
     /// The bytes, copied to the host (waits for the kernels that write them).
     pub(crate) fn download(&self) -> Result<Vec<u8>> {
-        let stream = CudaDevice::get(self.ordinal)?.stream();
-        let mut out = stream.clone_dtoh(&self.bytes).map_err(driver_error(
-            "cuMemcpyDtoH",
-            self.ordinal,
-            self.len,
-        ))?;
-        out.truncate(self.len);
-        Ok(out)
+        let device = CudaDevice::get(self.ordinal)?;
+        match (&self.memory, device.interpreter()) {
+            (Memory::Interpreted(address), Some(interpreter)) => Ok(interpreter
+                .memory
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .download(*address, self.len)
+                .expect("a live buffer's bytes")
+                .to_vec()),
+            (Memory::Driver(bytes), None) => {
+                let mut out = device.stream()?.clone_dtoh(bytes).map_err(driver_error(
+                    "cuMemcpyDtoH",
+                    self.ordinal,
+                    self.len,
+                ))?;
+                out.truncate(self.len);
+                Ok(out)
+            }
+            _ => unreachable!("a buffer lives on its device's backend"),
+        }
     }
 
     /// Size in bytes.
@@ -90,9 +140,28 @@ impl CudaBuffer {
         self.len
     }
 
-    /// The bytes from `offset` on, as a kernel argument.
-    pub(crate) fn view(&self, offset: usize) -> CudaView<'_, u8> {
-        self.bytes.slice(offset.min(self.len)..)
+    /// The bytes from `offset` on, as a generated kernel's argument.
+    pub(crate) fn view(&self, offset: usize) -> View<'_> {
+        let offset = offset.min(self.len);
+        match &self.memory {
+            Memory::Driver(bytes) => View::Driver(bytes.slice(offset..)),
+            Memory::Interpreted(address) => View::Interpreted(address + offset as u64),
+        }
+    }
+
+    /// The bytes from `offset` on, as driver memory for a vendor library, or why there is
+    /// none (the interpreted device).
+    pub(crate) fn driver_view(&self, offset: usize) -> Result<CudaView<'_, u8>> {
+        match &self.memory {
+            Memory::Driver(bytes) => Ok(bytes.slice(offset.min(self.len)..)),
+            Memory::Interpreted(_) => Err(Error::Unavailable {
+                what: "driver memory",
+                why: format!(
+                    "cuda:{} is the PTX interpreter: vendor libraries do not run on it",
+                    self.ordinal
+                ),
+            }),
+        }
     }
 }
 
