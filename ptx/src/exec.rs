@@ -126,8 +126,58 @@ pub struct Launch {
 pub struct Stats {
     /// Instructions executed, over all threads.
     pub instructions: u64,
+    /// Warps launched.
+    pub warps: u64,
     /// `bar.sync` releases.
     pub barriers: u64,
+    /// `mma.sync` instructions, per warp.
+    pub mma: u64,
+    /// Global memory traffic: the 32-byte sectors each warp-wide access touched.
+    pub global_sectors: u64,
+    /// The sectors those accesses need at least (their bytes / 32, rounded up, per access).
+    pub global_min_sectors: u64,
+    /// Extra shared-memory wavefronts from bank conflicts (0 when conflict-free).
+    pub shared_conflicts: u64,
+}
+
+impl Stats {
+    fn add(&mut self, other: &Stats) {
+        self.instructions += other.instructions;
+        self.warps += other.warps;
+        self.barriers += other.barriers;
+        self.mma += other.mma;
+        self.global_sectors += other.global_sectors;
+        self.global_min_sectors += other.global_min_sectors;
+        self.shared_conflicts += other.shared_conflicts;
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let per_warp = self.instructions as f64 / 32.0 / self.warps.max(1) as f64;
+        write!(
+            f,
+            "{per_warp:.0} instructions per warp, {} mma, {} barriers, global {} sectors for {} \
+             needed ({:.2}x), {} extra shared wavefronts",
+            self.mma,
+            self.barriers,
+            self.global_sectors,
+            self.global_min_sectors,
+            self.global_sectors as f64 / self.global_min_sectors.max(1) as f64,
+            self.shared_conflicts
+        )
+    }
+}
+
+/// One warp-wide memory access: the same instruction's `k`-th execution by the lanes of a
+/// warp, gathered to count sectors and bank conflicts.
+#[derive(Default)]
+struct Access {
+    /// Global: the 32-byte sectors touched, and the bytes accessed.
+    sectors: std::collections::HashSet<u64>,
+    bytes: u64,
+    /// Shared: the distinct 4-byte words per bank.
+    banks: HashMap<u64, std::collections::HashSet<u64>>,
 }
 
 /// A value's type in an instruction.
@@ -775,6 +825,8 @@ struct Thread {
     state: State,
     tid: [u32; 3],
     linear: u32,
+    /// How often this thread has run each memory instruction (by pc).
+    visits: HashMap<usize, u32>,
 }
 
 struct Cta<'a> {
@@ -784,6 +836,7 @@ struct Cta<'a> {
     shared: Vec<u8>,
     threads: Vec<Thread>,
     stats: Stats,
+    accesses: HashMap<(u32, usize, u32), Access>,
 }
 
 /// Runs `kernel` over the grid of `launch`, with global memory `memory`.
@@ -821,8 +874,8 @@ pub fn run(kernel: &Kernel, launch: &Launch, memory: &mut Memory) -> Result<Stat
             for x in 0..launch.grid[0] {
                 let mut cta = Cta::new(&decoded, launch, [x, y, z]);
                 cta.run(memory)?;
-                stats.instructions += cta.stats.instructions;
-                stats.barriers += cta.stats.barriers;
+                cta.tally();
+                stats.add(&cta.stats);
             }
         }
     }
@@ -843,6 +896,7 @@ impl<'a> Cta<'a> {
                         state: State::Running,
                         tid: [x, y, z],
                         linear: x + bx * (y + by * z),
+                        visits: HashMap::new(),
                     });
                 }
             }
@@ -852,8 +906,12 @@ impl<'a> Cta<'a> {
             launch,
             ctaid,
             shared: vec![0; decoded.shared_bytes],
+            stats: Stats {
+                warps: u64::from(threads.len().div_ceil(32) as u32),
+                ..Stats::default()
+            },
             threads,
-            stats: Stats::default(),
+            accesses: HashMap::new(),
         }
     }
 
@@ -1087,6 +1145,7 @@ impl<'a> Cta<'a> {
                     }
                     (Space::Shared, _) => {
                         let at = self.shared_address(t, addr, bytes, line)?;
+                        self.record(t, pc, Space::Shared, at as u64, bytes);
                         le(&self.shared[at..at + bytes])
                     }
                     (Space::Global, Addr::Reg(r, offset)) => {
@@ -1099,6 +1158,7 @@ impl<'a> Cta<'a> {
                                 format!("a misaligned {bytes}-byte read at {address:#x}"),
                             ));
                         }
+                        self.record(t, pc, Space::Global, address, bytes);
                         let data = memory.download(address, bytes).ok_or_else(|| {
                             self.bad_access(
                                 t,
@@ -1129,6 +1189,7 @@ impl<'a> Cta<'a> {
                 match (space, addr) {
                     (Space::Shared, _) => {
                         let at = self.shared_address(t, addr, bytes, line)?;
+                        self.record(t, pc, Space::Shared, at as u64, bytes);
                         self.shared[at..at + bytes].copy_from_slice(&value[..bytes]);
                     }
                     (Space::Global, Addr::Reg(r, offset)) => {
@@ -1141,6 +1202,7 @@ impl<'a> Cta<'a> {
                                 format!("a misaligned {bytes}-byte write at {address:#x}"),
                             ));
                         }
+                        self.record(t, pc, Space::Global, address, bytes);
                         let Some((buffer, at)) = memory.locate(address, bytes) else {
                             return Err(self.bad_access(
                                 t,
@@ -1177,6 +1239,45 @@ impl<'a> Cta<'a> {
         }
         self.threads[t].pc = next;
         Ok(())
+    }
+
+    /// Counts one lane's access for its warp-wide access (the `k`-th run of `pc` by the
+    /// lanes of its warp).
+    fn record(&mut self, t: usize, pc: usize, space: Space, address: u64, bytes: usize) {
+        let thread = &mut self.threads[t];
+        let visit = thread.visits.entry(pc).or_insert(0);
+        let key = (thread.linear / 32, pc, *visit);
+        *visit += 1;
+        let access = self.accesses.entry(key).or_default();
+        match space {
+            Space::Global => {
+                for sector in address / 32..=(address + bytes as u64 - 1) / 32 {
+                    access.sectors.insert(sector);
+                }
+                access.bytes += bytes as u64;
+            }
+            _ => {
+                for word in address / 4..=(address + bytes as u64 - 1) / 4 {
+                    access.banks.entry(word % 32).or_default().insert(word);
+                }
+            }
+        }
+    }
+
+    /// Folds the recorded warp-wide accesses into the counters.
+    fn tally(&mut self) {
+        for access in self.accesses.values() {
+            self.stats.global_sectors += access.sectors.len() as u64;
+            self.stats.global_min_sectors += access.bytes.div_ceil(32);
+            let wavefronts = access
+                .banks
+                .values()
+                .map(|w| w.len() as u64)
+                .max()
+                .unwrap_or(1);
+            self.stats.shared_conflicts += wavefronts.saturating_sub(1);
+        }
+        self.accesses.clear();
     }
 
     /// The byte offset in shared memory of a `bytes`-wide access.
@@ -1304,6 +1405,7 @@ impl<'a> Cta<'a> {
                 cv[k].copy_from_slice(&cs);
             }
             let dv = mma::multiply(*shape, &av, &bv, &cv);
+            self.stats.mma += 1;
             for (k, &l) in lanes.iter().enumerate() {
                 match acc {
                     Ty::F16 => {
@@ -1593,6 +1695,43 @@ mod tests {
         assert_eq!(mirror("bar.sync 0;"), want);
         // Without the barrier, early threads read slots not yet written.
         assert_ne!(mirror(""), want);
+    }
+
+    /// Lane t reads word t·STRIDE of global and shared memory: stride 1 is coalesced and
+    /// conflict-free, stride 32 touches a sector per lane and puts every lane on one bank.
+    #[test]
+    fn counters_see_coalescing_and_bank_conflicts() {
+        let body = |stride: u32| {
+            format!(
+                "
+                .shared .align 4 .b8 buf[4096];
+                ld.param.u64 %rd1, [out];
+                mov.u32 %r1, %tid.x;
+                mul.lo.s32 %r2, %r1, {};
+                cvt.u64.u32 %rd2, %r2;
+                add.s64 %rd3, %rd1, %rd2;
+                ld.global.f32 %f1, [%rd3];
+                mov.u64 %rd4, buf;
+                add.s64 %rd5, %rd4, %rd2;
+                st.shared.f32 [%rd5], %f1;
+                ret;",
+                4 * stride
+            )
+        };
+        let stats = |stride: u32| {
+            let mut memory = Memory::default();
+            let out = memory.upload(&[0; 4096]);
+            run(&kernel(&body(stride)), &launch(32, out), &mut memory).unwrap()
+        };
+        let (dense, strided) = (stats(1), stats(32));
+        assert_eq!((dense.global_sectors, dense.global_min_sectors), (4, 4));
+        assert_eq!(
+            (strided.global_sectors, strided.global_min_sectors),
+            (32, 4)
+        );
+        assert_eq!((dense.shared_conflicts, strided.shared_conflicts), (0, 31));
+        assert_eq!(dense.warps, 1);
+        assert!(dense.to_string().contains("1.00x"), "{dense}");
     }
 
     #[test]

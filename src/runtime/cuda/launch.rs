@@ -235,12 +235,8 @@ impl Kernel {
                     })?;
                 if std::env::var_os(super::driver::INTERPRET_STATS_ENV).is_some() {
                     eprintln!(
-                        "backends_ptx,{},grid {:?},block {:?},{} instructions,{} barriers",
-                        self.entry.name,
-                        launch.grid,
-                        launch.block,
-                        stats.instructions,
-                        stats.barriers
+                        "backends_ptx,{},grid {:?},block {:?},{stats}",
+                        self.entry.name, launch.grid, launch.block
                     );
                 }
                 Ok(())
