@@ -93,6 +93,7 @@ fn the_scale_kernel_runs_in_the_interpreter() {
             600u64.to_le_bytes().to_vec(),
             (1.0f64 / 3.0).to_le_bytes().to_vec(),
         ],
+        counters: false,
     };
     let stats = backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory).unwrap();
     let got: Vec<f64> = f32_values(memory.download(at, 2400).unwrap())
@@ -153,6 +154,7 @@ fn the_split_k_reduction_runs_in_the_interpreter() {
             long(m * ldc),
             long(ldc),
         ],
+        counters: false,
     };
     backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory).unwrap();
     let c = f32_values(memory.download(c_at, c_len * 4).unwrap());
@@ -282,6 +284,7 @@ fn the_gemm_kernels_run_in_the_interpreter() {
             ],
             block: cuda.threads,
             params,
+            counters: false,
         };
         backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -415,6 +418,7 @@ fn run_attention(
         grid: [lq.div_ceil(cuda.tile[0] as usize) as u32, h as u32, 1],
         block: cuda.threads,
         params,
+        counters: false,
     };
     backends_ptx::run(module.kernel(name).unwrap(), &launch, &mut memory)
         .unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -119,6 +119,9 @@ pub struct Launch {
     pub block: [u32; 3],
     /// The parameters' bytes, one entry per parameter.
     pub params: Vec<Vec<u8>>,
+    /// Whether to count memory sectors and bank conflicts (slower: every access is
+    /// gathered per warp).
+    pub counters: bool,
 }
 
 /// What a launch did.
@@ -132,7 +135,8 @@ pub struct Stats {
     pub barriers: u64,
     /// `mma.sync` instructions, per warp.
     pub mma: u64,
-    /// Global memory traffic: the 32-byte sectors each warp-wide access touched.
+    /// Global memory traffic: the 32-byte sectors each warp-wide access touched (counted
+    /// where the launch asks for counters, as the two below).
     pub global_sectors: u64,
     /// The sectors those accesses need at least (their bytes / 32, rounded up, per access).
     pub global_min_sectors: u64,
@@ -1244,6 +1248,9 @@ impl<'a> Cta<'a> {
     /// Counts one lane's access for its warp-wide access (the `k`-th run of `pc` by the
     /// lanes of its warp).
     fn record(&mut self, t: usize, pc: usize, space: Space, address: u64, bytes: usize) {
+        if !self.launch.counters {
+            return;
+        }
         let thread = &mut self.threads[t];
         let visit = thread.visits.entry(pc).or_insert(0);
         let key = (thread.linear / 32, pc, *visit);
@@ -1650,6 +1657,7 @@ mod tests {
             grid: [1, 1, 1],
             block: [threads, 1, 1],
             params: vec![out.to_le_bytes().to_vec()],
+            counters: true,
         }
     }
 

@@ -221,10 +221,12 @@ impl Kernel {
                         call: "the PTX interpreter",
                         detail: format!("the PTX has no entry {}", self.entry.name),
                     })?;
+                let counters = std::env::var_os(super::driver::INTERPRET_STATS_ENV).is_some();
                 let launch = backends_ptx::Launch {
                     grid: [grid.0, grid.1, grid.2],
                     block: [x, y, z],
                     params,
+                    counters,
                 };
                 let interpreter = device.interpreter().expect("an interpreted device");
                 let mut memory = interpreter.memory.lock().unwrap_or_else(|p| p.into_inner());
@@ -233,7 +235,7 @@ impl Kernel {
                         call: "the PTX interpreter",
                         detail: format!("{}: {e}", self.entry.name),
                     })?;
-                if std::env::var_os(super::driver::INTERPRET_STATS_ENV).is_some() {
+                if counters {
                     eprintln!(
                         "backends_ptx,{},grid {:?},block {:?},{stats}",
                         self.entry.name, launch.grid, launch.block
