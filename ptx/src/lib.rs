@@ -8,9 +8,11 @@
 //!
 //! Unknown syntax is a typed error naming what was not understood, never skipped.
 
+mod decode;
 pub mod exec;
 pub mod mma;
 pub mod parse;
+mod semantics;
 
 pub use exec::{ExecError, Launch, Memory, Stats, run};
 pub use parse::{Address, Guard, Instruction, Kernel, Module, Operand, Param, ParseError, Shared};
