@@ -19,13 +19,9 @@ pub struct TensorMeta {
 impl TensorMeta {
     /// A contiguous (row-major) tensor of `shape`.
     pub fn contiguous(shape: &[usize], dtype: DType, device: Device) -> Self {
-        let mut strides = vec![1; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1].max(1);
-        }
         TensorMeta {
             shape: shape.to_vec(),
-            strides,
+            strides: crate::core::tensor::contiguous_strides(shape),
             dtype,
             device,
         }
