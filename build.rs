@@ -1,5 +1,6 @@
-//! Generates the kernels: WGSL + MSL for every wgpu variant, PTX for every CUDA family
-//! (where NVRTC is found), and the Rust dispatch table that embeds them.
+//! Generates the kernels: WGSL + MSL for every wgpu variant, PTX for every CUDA module
+//! (where NVRTC is found) and cubins from it (where ptxas is found), and the Rust dispatch
+//! table that embeds them.
 
 use std::path::PathBuf;
 
@@ -11,6 +12,7 @@ fn main() {
     for var in [
         "BACKENDS_NO_NVRTC",
         "BACKENDS_NVRTC_LIB",
+        "BACKENDS_PTXAS",
         "CUDA_HOME",
         "CUDA_PATH",
     ] {
@@ -24,10 +26,18 @@ fn main() {
     let hint = local.exists().then(|| local.display().to_string());
     let compile_ptx = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
 
+    // The PTX assembler: cubins at build time and the test that reads its resource report
+    // (scripts/setup.sh installs it).
+    let ptxas = std::env::var("BACKENDS_PTXAS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| manifest.join(".cuda/nvidia/cuda_nvcc/bin/ptxas"));
+    let ptxas = ptxas.exists().then_some(ptxas);
+
     let generated = match backends_codegen::generate::generate(
         &manifest.join("kernels"),
         &out,
         compile_ptx.then_some(hint.as_deref()),
+        ptxas.as_deref(),
     ) {
         Ok(generated) => generated,
         Err(err) => {
@@ -52,11 +62,14 @@ fn main() {
         }
     }
 
-    // The PTX assembler, for the test that assembles every kernel (scripts/setup.sh installs it).
-    let ptxas = std::env::var("BACKENDS_PTXAS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| manifest.join(".cuda/nvidia/cuda_nvcc/bin/ptxas"));
-    if ptxas.exists() {
+    if let Some(why) = &generated.no_cubins
+        && generated.nvrtc.is_ok()
+    {
+        println!(
+            "cargo:warning=no cubins were assembled ({why}); devices will load the PTX through the driver's JIT"
+        );
+    }
+    if let Some(ptxas) = &ptxas {
         println!("cargo:rustc-cfg=backends_ptxas");
         println!("cargo:rustc-env=BACKENDS_PTXAS_PATH={}", ptxas.display());
     }

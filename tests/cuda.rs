@@ -11,14 +11,9 @@ mod common;
 use backends::attention::SdpBackend;
 use backends::cuda::matmul as flags;
 use backends::cuda::{self, BlasBackend};
-use backends::kernels::{ENTRIES, Family};
+use backends::kernels::ENTRIES;
 use backends::{DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
 use common::{attention_reference, random, reference, rel_err};
-
-/// Whether the CUDA device is the PTX interpreter (`BACKENDS_CUDA_INTERPRET=1`).
-fn interpreted() -> bool {
-    cuda::get_device_name(0).is_some_and(|name| name.starts_with("PTX interpreter"))
-}
 
 /// Device 0, or `None` after printing why not.
 fn gpu() -> Option<usize> {
@@ -35,35 +30,17 @@ fn gpu() -> Option<usize> {
 #[test]
 fn every_cuda_module_loads_and_has_its_entry_points() {
     let Some(device) = gpu() else { return };
-    if interpreted() {
-        eprintln!(
-            "skipped: the interpreted device loads no driver modules (tests/ptx.rs parses every \
-             module and runs every kernel)"
-        );
-        return;
-    }
     let (major, minor) = cuda::get_device_capability(device).expect("a present device");
-    for family in Family::ALL {
-        let entries: Vec<_> = ENTRIES
-            .iter()
-            .filter(|e| e.key.family() == family)
-            .filter(|e| {
-                e.cuda
-                    .as_ref()
-                    .is_some_and(|c| c.min_sm <= major * 10 + minor)
-            })
-            .collect();
-        if entries.is_empty() {
-            continue;
-        }
-        let module = cuda::loader::module(device, family)
-            .unwrap_or_else(|e| panic!("{family} on sm_{major}{minor}: {e}"));
-        for entry in entries {
-            module
-                .load_function(entry.name)
-                .unwrap_or_else(|e| panic!("{}: {e:?}", entry.name));
-        }
-    }
+    let sm = major * 10 + minor;
+    let expected = ENTRIES
+        .iter()
+        .filter(|e| e.cuda.as_ref().is_some_and(|c| c.min_sm <= sm))
+        .count();
+    // The driver loads each module (the interpreter parses it) and resolves every kernel.
+    let resolved = cuda::loader::check_modules(device)
+        .unwrap_or_else(|e| panic!("the modules for sm_{sm} on cuda:{device}: {e}"));
+    assert_eq!(resolved, expected, "every kernel for sm_{sm} resolves");
+    assert!(resolved > 0);
 }
 
 #[test]

@@ -135,7 +135,7 @@ fn fft2_matches_row_then_column_dfts() {
 #[test]
 fn the_entry_points_fill_the_cpu_cache_and_reuse_its_plans() {
     let _s = serial();
-    let cache = plan_cache(Device::Cpu);
+    let cache = plan_cache(Device::Cpu).unwrap();
     cache.clear();
     assert_eq!(cache.size(), 0);
     let t = tensor(&random(48 * 2), &[48, 2]);
@@ -153,21 +153,24 @@ fn the_entry_points_fill_the_cpu_cache_and_reuse_its_plans() {
         strides: t.strides().to_vec(),
     };
     assert!(cache.contains(&key));
-    assert!(
-        !std::ptr::eq(cache, fft::plan_cache(Device::Cuda(0))),
-        "one cache per device"
-    );
-    assert_eq!(
-        fft::plan_cache(Device::Cuda(0)).max_size(),
-        fft::DEFAULT_MAX_SIZE
-    );
-    // As in PyTorch, asking for the cache of a device that does not exist is an error.
+    // A CUDA device keeps its own cache (with the device); wgpu has no FFT, hence no cache.
     let count = backends::cuda::device_count();
+    if count > 0 {
+        let device_cache = fft::plan_cache(Device::Cuda(0)).unwrap();
+        assert!(!std::ptr::eq(cache, device_cache), "one cache per device");
+        assert_eq!(device_cache.max_size(), fft::DEFAULT_MAX_SIZE);
+        assert!(std::ptr::eq(
+            device_cache,
+            backends::cuda::cufft_plan_cache(0).unwrap()
+        ));
+    } else {
+        let err = fft::plan_cache(Device::Cuda(0)).unwrap_err();
+        assert!(err.to_string().contains("cuda:0"), "{err}");
+    }
+    assert!(fft::plan_cache(Device::Wgpu(0)).is_err());
+    // As in PyTorch, asking for the cache of a device that does not exist is an error.
     let err = backends::cuda::cufft_plan_cache(count).unwrap_err();
     assert!(err.to_string().contains(&format!("< {count}")), "{err}");
-    if count > 0 {
-        backends::cuda::cufft_plan_cache(0).unwrap();
-    }
     cache.clear();
     assert_eq!(cache.size(), 0);
 }
@@ -175,7 +178,7 @@ fn the_entry_points_fill_the_cpu_cache_and_reuse_its_plans() {
 #[test]
 fn lowering_max_size_evicts_the_least_recently_used_at_once() {
     let _s = serial();
-    let cache = plan_cache(Device::Cpu);
+    let cache = plan_cache(Device::Cpu).unwrap();
     cache.clear();
     let signal = |n: usize| tensor(&random(n * 2), &[n, 2]);
     let key = |n: usize| PlanKey {
@@ -210,7 +213,7 @@ fn lowering_max_size_evicts_the_least_recently_used_at_once() {
 #[test]
 fn many_threads_share_one_cache() {
     let _s = serial();
-    let global = plan_cache(Device::Cpu);
+    let global = plan_cache(Device::Cpu).unwrap();
     global.clear();
     std::thread::scope(|scope| {
         for thread in 0..8 {

@@ -1,14 +1,16 @@
 //! The generated kernel table: it covers exactly the declared variants, every variant has
 //! its WGSL (valid for naga) and MSL and, where NVRTC was present at build time, PTX for
-//! every declared architecture that `ptxas` accepts; the run-time NVRTC fallback produces
-//! the same PTX as the build.
+//! its tier at an ISA every CUDA 12 driver loads, which `ptxas` accepts, and cubins for
+//! every declared architecture; devices pick their image by arch; the run-time NVRTC
+//! fallback produces the same PTX as the build.
 
 mod common;
 
 use std::process::Command;
 
 use backends::kernels::{
-    self, CUDA_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, PtxParam, lookup,
+    self, CUBIN_ARCHS, CUDA_MODULES, ENTRIES, Family, FlashKey, KernelKey, ModuleImage, PTX_TIERS,
+    PtxParam, lookup,
 };
 use backends_spec::variants;
 use common::in_child;
@@ -68,30 +70,40 @@ fn every_wgsl_variant_validates_and_has_msl() {
     }
 }
 
+/// The CUDA entries of `family` that run on `tier`.
+fn entries_for(family: Family, tier: u32) -> impl Iterator<Item = &'static kernels::KernelEntry> {
+    ENTRIES.iter().filter(move |e| {
+        e.key.family() == family && e.cuda.as_ref().is_some_and(|c| c.min_sm <= tier)
+    })
+}
+
 #[test]
-fn every_cuda_family_carries_its_source_and_hash() {
+fn every_cuda_module_carries_the_variants_of_its_tier() {
     for family in Family::ALL {
-        let wanted = ENTRIES
-            .iter()
-            .filter(|e| e.key.family() == family && e.cuda.is_some());
-        let module = kernels::cuda_module(family);
-        if wanted.clone().count() == 0 {
-            assert!(module.is_none());
-            continue;
-        }
-        let module = module.expect("a family with CUDA variants has a module");
-        assert_eq!(
-            module.hash,
-            backends_codegen::generate::module_hash(module.source)
-        );
-        for entry in wanted {
-            assert!(
-                module
-                    .source
-                    .contains(&format!("namespace {} {{", entry.name)),
-                "{}",
-                entry.name
+        for tier in PTX_TIERS {
+            let module = kernels::cuda_module(family, tier);
+            if entries_for(family, tier).count() == 0 {
+                assert!(module.is_none(), "{family} compute_{tier}");
+                continue;
+            }
+            let module = module.expect("a family with variants on a tier has a module there");
+            assert_eq!(module.tier, tier);
+            assert_eq!(
+                module.hash,
+                backends_codegen::generate::module_hash(module.source, tier)
             );
+            for entry in ENTRIES.iter().filter(|e| e.key.family() == family) {
+                let Some(cuda) = &entry.cuda else { continue };
+                assert_eq!(
+                    module
+                        .source
+                        .contains(&format!("namespace {} {{", entry.name)),
+                    cuda.min_sm <= tier,
+                    "{} (min sm_{}) in the compute_{tier} module",
+                    entry.name,
+                    cuda.min_sm
+                );
+            }
         }
     }
 }
@@ -101,24 +113,66 @@ fn every_cuda_family_carries_its_source_and_hash() {
     ignore = "no PTX was built: NVRTC was absent or hidden at build time"
 )]
 #[test]
-fn every_cuda_variant_has_ptx_for_every_arch() {
-    assert_eq!(kernels::PTX_ARCHS, CUDA_ARCHS);
+fn every_module_has_ptx_for_its_tier_that_every_cuda_12_driver_loads() {
+    assert_eq!(kernels::PTX_ARCHS, PTX_TIERS);
     for module in CUDA_MODULES.iter() {
-        let archs: Vec<u32> = module.ptx.iter().map(|(sm, _)| *sm).collect();
-        assert_eq!(archs, CUDA_ARCHS, "{}", module.family);
-        for (sm, ptx) in module.ptx {
+        let ptx = module.ptx.expect("PTX for every module");
+        let tier = module.tier;
+        assert!(
+            ptx.contains(&format!(".target sm_{tier}")),
+            "{} compute_{tier}",
+            module.family
+        );
+        // ISA 8.0 (NVRTC 12.0): a CUDA 12.0 driver (R525) loads it.
+        assert_eq!(kernels::ptx_isa(ptx), Some((8, 0)), "{}", module.family);
+        backends::cuda::loader::check_ptx_version(ptx, 12000).unwrap();
+        for entry in entries_for(module.family, tier) {
             assert!(
-                ptx.contains(&format!(".target sm_{sm}")),
-                "{} sm_{sm}",
-                module.family
+                ptx.contains(&format!(".entry {}(", entry.name)),
+                "{} in compute_{tier} PTX",
+                entry.name
             );
-            for entry in ENTRIES
+        }
+    }
+}
+
+/// The arch a CUDA cubin's ELF header names, after checking that it is one: 64-bit ELF,
+/// the CUDA OS ABI (0x33, ELF ABI version 7, as ptxas 12 writes) and machine (EM_CUDA,
+/// 190); the arch is the low byte of `e_flags`.
+fn cubin_arch(image: &[u8]) -> u32 {
+    assert_eq!(&image[..4], b"\x7fELF", "an ELF image");
+    assert_eq!(image[4], 2, "64-bit ELF");
+    assert_eq!(image[7], 0x33, "the CUDA OS ABI");
+    assert_eq!(image[8], 7, "ELF ABI version 7");
+    assert_eq!(u16::from_le_bytes([image[18], image[19]]), 190, "EM_CUDA");
+    let flags = u32::from_le_bytes(image[48..52].try_into().unwrap());
+    flags & 0xff
+}
+
+#[cfg_attr(
+    not(all(backends_ptx, backends_ptxas)),
+    ignore = "needs PTX and ptxas at build time (scripts/setup.sh installs both)"
+)]
+#[test]
+fn every_family_ships_a_cubin_for_every_declared_arch() {
+    assert_eq!(kernels::CUBIN_ARCHS_BUILT, CUBIN_ARCHS);
+    for family in Family::ALL {
+        for arch in CUBIN_ARCHS {
+            let Some(module) = kernels::cuda_module(family, arch) else {
+                assert_eq!(entries_for(family, arch).count(), 0, "{family} sm_{arch}");
+                continue;
+            };
+            let (_, image) = module
+                .cubins
                 .iter()
-                .filter(|e| e.key.family() == module.family && e.cuda.is_some())
-            {
+                .find(|(a, _)| *a == arch)
+                .unwrap_or_else(|| panic!("{family} has no cubin for sm_{arch}"));
+            assert_eq!(cubin_arch(image), arch, "{family} sm_{arch}");
+            for entry in entries_for(family, module.tier) {
+                let name = entry.name.as_bytes();
                 assert!(
-                    ptx.contains(&format!(".entry {}(", entry.name)),
-                    "{} in sm_{sm} PTX",
+                    image.windows(name.len()).any(|w| w == name),
+                    "{} in the sm_{arch} cubin",
                     entry.name
                 );
             }
@@ -159,18 +213,15 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
 #[test]
 fn every_cuda_kernel_takes_the_documented_parameters() {
     for module in CUDA_MODULES.iter() {
-        for (sm, ptx) in module.ptx {
-            for entry in ENTRIES
-                .iter()
-                .filter(|e| e.key.family() == module.family && e.cuda.is_some())
-            {
-                assert_eq!(
-                    kernels::ptx_params(ptx, entry.name),
-                    Some(documented_params(module.family)),
-                    "{} for sm_{sm}",
-                    entry.name
-                );
-            }
+        let ptx = module.ptx.expect("PTX for every module");
+        for entry in entries_for(module.family, module.tier) {
+            assert_eq!(
+                kernels::ptx_params(ptx, entry.name),
+                Some(documented_params(module.family)),
+                "{} for compute_{}",
+                entry.name,
+                module.tier
+            );
         }
     }
 }
@@ -223,29 +274,31 @@ fn ptxas_accepts_every_kernel_and_the_hot_ones_do_not_spill() {
     let ptxas = env!("BACKENDS_PTXAS_PATH");
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let mut report = Vec::new();
+    let mut expected = 0;
     for module in CUDA_MODULES.iter() {
-        for (sm, ptx) in module.ptx {
-            let file = dir.join(format!("{}.sm_{sm}.ptx", module.family));
-            std::fs::write(&file, ptx).unwrap();
-            let output = Command::new(ptxas)
-                .args([&format!("-arch=sm_{sm}"), "-v", "-o", "/dev/null"])
-                .arg(&file)
-                .output()
-                .expect("ptxas runs");
-            let log = String::from_utf8_lossy(&output.stderr);
-            assert!(
-                output.status.success(),
-                "ptxas rejects {} for sm_{sm}:\n{log}",
-                module.family
-            );
-            report.extend(parse_ptxas(&log, *sm));
-        }
+        // Each module at its tier's own arch: the oldest GPU it serves.
+        let sm = module.tier;
+        let ptx = module.ptx.expect("PTX for every module");
+        let file = dir.join(format!("{}.compute_{sm}.ptx", module.family));
+        std::fs::write(&file, ptx).unwrap();
+        let output = Command::new(ptxas)
+            .args([&format!("-arch=sm_{sm}"), "-v", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .expect("ptxas runs");
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "ptxas rejects {} for sm_{sm}:\n{log}",
+            module.family
+        );
+        report.extend(parse_ptxas(&log, sm));
+        expected += entries_for(module.family, sm).count();
     }
-    let cuda_kernels = ENTRIES.iter().filter(|e| e.cuda.is_some()).count();
     assert_eq!(
         report.len(),
-        cuda_kernels * CUDA_ARCHS.len(),
-        "one ptxas record per kernel and arch"
+        expected,
+        "one ptxas record per kernel and tier"
     );
 
     let mut tsv =
@@ -310,9 +363,9 @@ fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
         return;
     }
     assert_eq!(kernels::cuda_code(), kernels::CudaCode::Jit);
-    let module = kernels::cuda_module(Family::Scale).unwrap();
-    let aot = module.ptx.iter().find(|(sm, _)| *sm == 80).unwrap().1;
-    // sm_86 has no PTX of its own: the fallback targets the newest declared arch below it.
+    let module = kernels::cuda_module(Family::Scale, 86).unwrap();
+    let aot = module.ptx.unwrap();
+    // sm_86 is served by the compute_80 tier: the fallback compiles that module for it.
     let jit = kernels::ptx_for(Family::Scale, 86).unwrap();
     assert_eq!(
         jit, aot,
@@ -320,22 +373,57 @@ fn jit_fallback_compiles_the_embedded_source_like_the_build_did() {
     );
     let again = kernels::ptx_for(Family::Scale, 86).unwrap();
     assert_eq!(again, jit);
-    let err = kernels::ptx_for(Family::Scale, 75).unwrap_err().to_string();
-    assert!(err.contains("sm_75") && err.contains("sm_80"), "{err}");
+    assert!(matches!(
+        kernels::image_for(Family::Scale, 90).unwrap(),
+        ModuleImage::Ptx {
+            jit: true,
+            tier: 80,
+            ..
+        }
+    ));
+    let err = kernels::ptx_for(Family::Scale, 61).unwrap_err().to_string();
+    assert!(err.contains("sm_61") && err.contains("sm_70"), "{err}");
 }
 
 #[test]
-fn aot_ptx_is_chosen_by_arch() {
+fn devices_load_the_cubin_of_their_arch_else_the_ptx_of_their_tier() {
     if kernels::PTX_ARCHS.is_empty() {
         // Without PTX or NVRTC there is nothing to choose from, and the answer says so.
         if kernels::cuda_code() == kernels::CudaCode::None {
-            assert!(kernels::ptx_for(Family::Gemm, 90).is_err());
+            assert!(kernels::image_for(Family::Gemm, 90).is_err());
         }
         return;
     }
-    let module = kernels::cuda_module(Family::Gemm).unwrap();
-    let for_arch = |sm| module.ptx.iter().find(|(a, _)| *a == sm).unwrap().1;
-    assert_eq!(kernels::ptx_for(Family::Gemm, 80).unwrap(), for_arch(80));
-    assert_eq!(kernels::ptx_for(Family::Gemm, 89).unwrap(), for_arch(80));
-    assert_eq!(kernels::ptx_for(Family::Gemm, 100).unwrap(), for_arch(90));
+    let image = |sm| kernels::image_for(Family::Gemm, sm).unwrap().to_string();
+    assert!(
+        kernels::image_for(Family::Gemm, 61).is_err(),
+        "older than every tier"
+    );
+    if kernels::CUBIN_ARCHS_BUILT.is_empty() {
+        assert_eq!(image(90), "PTX compute_80");
+        return;
+    }
+    for (sm, expected) in [
+        (70, "PTX compute_70"), // V100: no cubin of its own, the driver compiles the PTX
+        (72, "PTX compute_70"), // a cubin runs only on its arch or a newer minor of its major
+        (75, "cubin sm_75"),    // T4
+        (80, "cubin sm_80"),    // A100
+        (86, "cubin sm_86"),    // A10, RTX 30
+        (87, "cubin sm_86"),    // Orin: the newest older minor of the same major
+        (89, "cubin sm_89"),    // L4, RTX 40
+        (90, "cubin sm_90"),    // H100, H200
+        (100, "PTX compute_80"), // Blackwell: forward compatibility through PTX
+        (120, "PTX compute_80"),
+    ] {
+        assert_eq!(image(sm), expected, "sm_{sm}");
+    }
+    let tier80 = kernels::cuda_module(Family::Gemm, 89).unwrap();
+    assert_eq!(
+        kernels::ptx_for(Family::Gemm, 89).unwrap(),
+        tier80.ptx.unwrap()
+    );
+    assert_eq!(
+        kernels::cuda_module(Family::FlashFwd, 75).map(|m| m.tier),
+        None
+    );
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::nvrtc;
 use backends_spec::keys::Family;
 use backends_spec::table::content_hash;
-use backends_spec::variants::{self, CUDA_ARCHS, Variant, WgslDecl};
+use backends_spec::variants::{self, CUBIN_ARCHS, PTX_TIERS, Variant, WgslDecl, tier_for};
 
 /// What a generator run produced.
 #[derive(Debug)]
@@ -17,7 +17,9 @@ pub struct Generated {
     pub table: PathBuf,
     /// Where NVRTC was loaded from, or why PTX was not built.
     pub nvrtc: Result<String, String>,
-    /// CUDA modules compiled in this run (not found in the cache).
+    /// Why no cubins were assembled (no PTX, or no ptxas), or `None` when they were.
+    pub no_cubins: Option<String>,
+    /// PTX modules and cubins built in this run (not found in the cache).
     pub compiled: usize,
 }
 
@@ -80,26 +82,29 @@ pub fn render_cuda_variant(variant: &Variant, kernels_dir: &Path) -> Result<Stri
     Ok(out)
 }
 
-/// Renders a whole CUDA family: the shared preamble, then every variant's block.
+/// Renders the CUDA module of `family` for `tier`: the shared header, then every variant of
+/// the family whose `min_sm` is at most the tier.
 pub fn render_cuda_family(
     family: Family,
+    tier: u32,
     variants: &[Variant],
     kernels_dir: &Path,
 ) -> Result<String, String> {
-    let mut out = format!("// {family}: generated from kernels/cuda/{family}.cu\n");
+    let mut out =
+        format!("// {family} for compute_{tier}: generated from kernels/cuda/{family}.cu\n");
     out.push_str(&read(&kernels_dir.join("cuda").join("common.cuh"))?);
     for v in variants
         .iter()
-        .filter(|v| v.family() == family && v.cuda.is_some())
+        .filter(|v| v.family() == family && v.cuda.as_ref().is_some_and(|c| c.min_sm <= tier))
     {
         out.push_str(&render_cuda_variant(v, kernels_dir)?);
     }
     Ok(out)
 }
 
-/// The content hash of a family's module: its source and the compile options.
-pub fn module_hash(source: &str) -> u64 {
-    content_hash(format!("{source}\n{}", nvrtc::OPTIONS.join(" ")).as_bytes())
+/// The content hash of a module: its source, its tier and the compile options.
+pub fn module_hash(source: &str, tier: u32) -> u64 {
+    content_hash(format!("{source}\n{tier}\n{}", nvrtc::OPTIONS.join(" ")).as_bytes())
 }
 
 fn read(path: &Path) -> Result<String, String> {
@@ -162,13 +167,40 @@ pub fn wgsl_to_msl(name: &str, wgsl: &str) -> Result<String, String> {
     Ok(msl)
 }
 
+/// A CUDA module to build: family, tier, source, hash, source file.
+struct Module {
+    family: Family,
+    tier: u32,
+    source: String,
+    hash: u64,
+    source_path: PathBuf,
+}
+
+/// One build step of the AOT images, with the file it writes.
+enum Job<'a> {
+    /// NVRTC: a module's source to PTX for its tier.
+    Ptx(&'a Module, PathBuf),
+    /// ptxas: a module's PTX (the file of its `Ptx` job) to a cubin for an arch.
+    Cubin(&'a Module, u32, PathBuf),
+}
+
+impl Job<'_> {
+    fn output(&self) -> &Path {
+        match self {
+            Job::Ptx(_, path) | Job::Cubin(_, _, path) => path,
+        }
+    }
+}
+
 /// Runs the generator: kernels from `kernels_dir`, outputs under `out_dir`. With
-/// `ptx: Some(hint)` the CUDA families are compiled to PTX where NVRTC is found (`hint` is
-/// one more place to look for it); with `None` no PTX is built.
+/// `ptx: Some(hint)` the CUDA modules are compiled to PTX where NVRTC is found (`hint` is
+/// one more place to look for it), and assembled to cubins for [`CUBIN_ARCHS`] where
+/// `ptxas` is given; with `None` no PTX is built.
 pub fn generate(
     kernels_dir: &Path,
     out_dir: &Path,
     ptx: Option<Option<&str>>,
+    ptxas: Option<&Path>,
 ) -> Result<Generated, String> {
     let variants = variants::all();
 
@@ -189,34 +221,96 @@ pub fn generate(
     };
     let mut modules = Vec::new();
     for family in Family::ALL {
-        if !variants
-            .iter()
-            .any(|v| v.family() == family && v.cuda.is_some())
-        {
-            continue;
+        for tier in PTX_TIERS {
+            let serves = |v: &Variant| {
+                v.family() == family && v.cuda.as_ref().is_some_and(|c| c.min_sm <= tier)
+            };
+            if !variants.iter().any(serves) {
+                continue;
+            }
+            let source = render_cuda_family(family, tier, &variants, kernels_dir)?;
+            let hash = module_hash(&source, tier);
+            let source_path = out_dir
+                .join("cuda")
+                .join(format!("{family}.compute_{tier}.cu"));
+            write(&source_path, &source)?;
+            modules.push(Module {
+                family,
+                tier,
+                source,
+                hash,
+                source_path,
+            });
         }
-        let source = render_cuda_family(family, &variants, kernels_dir)?;
-        let hash = module_hash(&source);
-        let source_path = out_dir.join("cuda").join(format!("{family}.cu"));
-        write(&source_path, &source)?;
-        modules.push((family, source, hash, source_path));
     }
 
-    // PTX per (module, arch), reused from earlier runs when the content hash matches.
-    let mut jobs = Vec::new();
+    // PTX per module and cubins per (family, arch), reused from earlier runs when the
+    // content hash matches.
+    let cuda_dir = out_dir.join("cuda");
+    let mut ptx_jobs = Vec::new();
+    let mut cubin_jobs = Vec::new();
+    let no_cubins = match (&nvrtc_state, ptxas) {
+        (Err(_), _) => Some("no PTX was built".to_string()),
+        (Ok(_), None) => Some("ptxas was not found (scripts/setup.sh installs it)".to_string()),
+        (Ok(_), Some(_)) => None,
+    };
     if nvrtc_state.is_ok() {
-        for (family, source, hash, _) in &modules {
-            for sm in CUDA_ARCHS {
-                let path = out_dir
-                    .join("cuda")
-                    .join(format!("{family}-{hash:016x}.sm_{sm}.ptx"));
-                jobs.push((*family, source.as_str(), sm, path));
+        // The NVRTC release is part of the file name: another release emits other PTX.
+        let (major, minor) = nvrtc::version().unwrap_or((0, 0));
+        for m in &modules {
+            let name = format!(
+                "{}-{:016x}.nvrtc{major}.{minor}.compute_{}.ptx",
+                m.family, m.hash, m.tier
+            );
+            ptx_jobs.push(Job::Ptx(m, cuda_dir.join(name)));
+        }
+        if ptxas.is_some() {
+            for m in &modules {
+                for arch in CUBIN_ARCHS
+                    .into_iter()
+                    .filter(|&a| tier_for(a) == Some(m.tier))
+                {
+                    let name = format!(
+                        "{}-{:016x}.nvrtc{major}.{minor}.sm_{arch}.cubin",
+                        m.family, m.hash
+                    );
+                    cubin_jobs.push(Job::Cubin(m, arch, cuda_dir.join(name)));
+                }
             }
         }
     }
-    remove_stale_ptx(&out_dir.join("cuda"), &jobs);
-    let todo: Vec<_> = jobs.iter().filter(|(.., path)| !path.exists()).collect();
-    let compiled = todo.len();
+    let outputs: Vec<&Path> = ptx_jobs
+        .iter()
+        .chain(&cubin_jobs)
+        .map(Job::output)
+        .collect();
+    remove_stale(&cuda_dir, &outputs);
+    let mut compiled = run_jobs(&ptx_jobs, ptxas, &ptx_jobs)?;
+    compiled += run_jobs(&cubin_jobs, ptxas, &ptx_jobs)?;
+
+    let table = out_dir.join("kernels.rs");
+    write(
+        &table,
+        &table_source(
+            &variants,
+            &modules,
+            (&ptx_jobs, &cubin_jobs),
+            &wgsl_files,
+            kernels_dir,
+        )?,
+    )?;
+    Ok(Generated {
+        table,
+        nvrtc: nvrtc_state,
+        no_cubins,
+        compiled,
+    })
+}
+
+/// Runs the jobs whose output is missing, on every core; returns how many ran. A cubin job
+/// reads the PTX file its module's `Ptx` job wrote.
+fn run_jobs(jobs: &[Job], ptxas: Option<&Path>, ptx_jobs: &[Job]) -> Result<usize, String> {
+    let todo: Vec<&Job> = jobs.iter().filter(|j| !j.output().exists()).collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -227,11 +321,26 @@ pub fn generate(
                 s.spawn(|| -> Result<(), String> {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((family, source, sm, path)) = todo.get(i) else {
+                        let Some(job) = todo.get(i) else {
                             return Ok(());
                         };
-                        let ptx = nvrtc::compile(source, &format!("{family}.cu"), *sm)?;
-                        write(path, &ptx)?;
+                        match job {
+                            Job::Ptx(m, path) => {
+                                let name = format!("{}.cu", m.family);
+                                write(path, &nvrtc::compile(&m.source, &name, m.tier)?)?;
+                            }
+                            Job::Cubin(m, arch, path) => {
+                                let ptx = ptx_jobs
+                                    .iter()
+                                    .find_map(|j| match j {
+                                        Job::Ptx(pm, ptx) if std::ptr::eq(*pm, *m) => Some(ptx),
+                                        _ => None,
+                                    })
+                                    .expect("every module has a PTX job");
+                                let ptxas = ptxas.expect("cubin jobs exist only with ptxas");
+                                assemble(ptxas, ptx, *arch, path)?;
+                            }
+                        }
                     }
                 })
             })
@@ -240,28 +349,41 @@ pub fn generate(
             .into_iter()
             .try_for_each(|h| h.join().expect("a compile worker panicked"))
     })?;
-
-    let table = out_dir.join("kernels.rs");
-    write(
-        &table,
-        &table_source(&variants, &modules, &jobs, &wgsl_files, kernels_dir)?,
-    )?;
-    Ok(Generated {
-        table,
-        nvrtc: nvrtc_state,
-        compiled,
-    })
+    Ok(todo.len())
 }
 
-/// Deletes PTX files of earlier runs whose content hash no longer matches a module.
-fn remove_stale_ptx(dir: &Path, current: &[(Family, &str, u32, PathBuf)]) {
+/// Assembles `ptx` into a cubin for `sm_{arch}` with ptxas (written to a temporary name
+/// first, so that an interrupted build leaves no truncated cubin behind).
+fn assemble(ptxas: &Path, ptx: &Path, arch: u32, out: &Path) -> Result<(), String> {
+    let partial = out.with_extension("cubin.partial");
+    let output = std::process::Command::new(ptxas)
+        .arg(format!("-arch=sm_{arch}"))
+        .arg("-o")
+        .arg(&partial)
+        .arg(ptx)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+    if !output.status.success() {
+        return Err(format!(
+            "ptxas failed on {} for sm_{arch}:\n{}",
+            ptx.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    std::fs::rename(&partial, out).map_err(|e| format!("cannot write {}: {e}", out.display()))
+}
+
+/// Deletes PTX and cubin files of earlier runs that no job writes any more.
+fn remove_stale(dir: &Path, current: &[&Path]) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "ptx") && !current.iter().any(|(.., p)| *p == path)
-        {
+        let built = path
+            .extension()
+            .is_some_and(|e| e == "ptx" || e == "cubin" || e == "partial");
+        if built && !current.contains(&path.as_path()) {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -269,8 +391,8 @@ fn remove_stale_ptx(dir: &Path, current: &[(Family, &str, u32, PathBuf)]) {
 
 fn table_source(
     variants: &[Variant],
-    modules: &[(Family, String, u64, PathBuf)],
-    ptx: &[(Family, &str, u32, PathBuf)],
+    modules: &[Module],
+    (ptx, cubins): (&[Job], &[Job]),
     wgsl_files: &[(String, PathBuf, PathBuf)],
     kernels_dir: &Path,
 ) -> Result<String, String> {
@@ -321,25 +443,51 @@ fn table_source(
 
     writeln!(
         out,
-        "/// One CUDA module per family.\npub static CUDA_MODULES: [CudaModuleSource; {}] = [",
+        "/// One CUDA module per family and tier.\npub static CUDA_MODULES: [CudaModuleSource; {}] = [",
         modules.len()
     )
     .unwrap();
-    for (family, _, hash, source_path) in modules {
-        write!(out, "    CudaModuleSource {{ family: Family::{family:?}, source: include_str!({}), hash: 0x{hash:016x}, ptx: &[", lit(source_path)).unwrap();
-        for (_, _, sm, path) in ptx.iter().filter(|(f, ..)| f == family) {
-            write!(out, "({sm}, include_str!({})), ", lit(path)).unwrap();
+    for m in modules {
+        write!(
+            out,
+            "    CudaModuleSource {{ family: Family::{:?}, tier: {}, source: include_str!({}), hash: 0x{:016x}, ",
+            m.family,
+            m.tier,
+            lit(&m.source_path),
+            m.hash
+        )
+        .unwrap();
+        match ptx
+            .iter()
+            .find(|j| matches!(j, Job::Ptx(pm, _) if std::ptr::eq(*pm, m)))
+        {
+            Some(job) => write!(out, "ptx: Some(include_str!({})), ", lit(job.output())).unwrap(),
+            None => out.push_str("ptx: None, "),
+        }
+        out.push_str("cubins: &[");
+        for job in cubins {
+            if let Job::Cubin(cm, arch, path) = job
+                && std::ptr::eq(*cm, m)
+            {
+                write!(out, "({arch}, include_bytes!({})), ", lit(path)).unwrap();
+            }
         }
         out.push_str("] },\n");
     }
     out.push_str("];\n\n");
 
-    let archs: Vec<u32> = if ptx.is_empty() {
+    let tiers: Vec<u32> = if ptx.is_empty() {
         Vec::new()
     } else {
-        CUDA_ARCHS.to_vec()
+        PTX_TIERS.to_vec()
     };
-    writeln!(out, "/// The architectures PTX was generated for at build time (empty without NVRTC).\npub const PTX_ARCHS: &[u32] = &{archs:?};\n").unwrap();
+    writeln!(out, "/// The tiers PTX was generated for at build time (empty without NVRTC).\npub const PTX_ARCHS: &[u32] = &{tiers:?};\n").unwrap();
+    let archs: Vec<u32> = if cubins.is_empty() {
+        Vec::new()
+    } else {
+        CUBIN_ARCHS.to_vec()
+    };
+    writeln!(out, "/// The architectures cubins were assembled for at build time (empty without NVRTC and ptxas).\npub const CUBIN_ARCHS_BUILT: &[u32] = &{archs:?};\n").unwrap();
 
     out.push_str("/// The table entry for `key`, if that specialisation is built.\npub fn lookup(key: &KernelKey) -> Option<&'static KernelEntry> {\n    match *key {\n");
     for (i, v) in variants.iter().enumerate() {

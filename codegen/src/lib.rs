@@ -7,7 +7,8 @@
 //! - `generate` (feature `build`, run from the `backends` crate's `build.rs`) renders
 //!   each variant by injecting its constants (`#define` / WGSL `alias` and `const`),
 //!   validates the WGSL with naga and translates it to MSL, compiles each CUDA family to
-//!   PTX with NVRTC for `backends_spec::variants::CUDA_ARCHS`, and writes the Rust dispatch table;
+//!   PTX with NVRTC per tier (`backends_spec::variants::PTX_TIERS`), assembles cubins with
+//!   ptxas for `backends_spec::variants::CUBIN_ARCHS`, and writes the Rust dispatch table;
 //! - `nvrtc` (feature `nvrtc`) finds and drives NVRTC through cudarc, at build time and for
 //!   the run-time fallback.
 

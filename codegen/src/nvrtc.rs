@@ -11,8 +11,9 @@ use std::sync::OnceLock;
 /// The file name NVRTC 12 is loaded by.
 pub const LIB_NAME: &str = "libnvrtc.so.12";
 
-/// Options every compile uses: part of each module's content hash.
-pub const OPTIONS: [&str; 2] = ["-lineinfo", "--std=c++17"];
+/// Options every compile uses: part of each module's content hash. No `-lineinfo`: the
+/// line tables tripled the size of the cubins every binary embeds.
+pub const OPTIONS: [&str; 1] = ["--std=c++17"];
 
 fn candidates(extra: Option<&str>) -> Vec<PathBuf> {
     let mut paths = Vec::new();
@@ -74,9 +75,11 @@ pub fn version() -> Option<(i32, i32)> {
     (status == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
-/// Compiles `source` (program name `name`) to PTX for compute capability `sm` (× 10).
+/// Compiles `source` (program name `name`) to PTX for virtual architecture `compute_{sm}`.
 pub fn compile(source: &str, name: &str, sm: u32) -> Result<String, String> {
     let arch: &'static str = match sm {
+        70 => "compute_70",
+        75 => "compute_75",
         80 => "compute_80",
         86 => "compute_86",
         89 => "compute_89",

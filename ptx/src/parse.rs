@@ -140,6 +140,7 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
         target: String::new(),
         kernels: Vec::new(),
     };
+    let mut module_variables = Vec::new();
     let mut at = 0;
     while at < statements.len() {
         let (line, statement) = &statements[at];
@@ -187,11 +188,16 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
                             what: format!("a .func (device function calls are not run): {text}"),
                         });
                     }
+                    // Module-scope variables are not run; NVRTC 12.0 declares some that no
+                    // kernel reads (`nv::target` constants): kept by name so that a kernel
+                    // that does read one is refused below.
                     Some(".global" | ".const") => {
-                        return Err(ParseError {
-                            line,
-                            what: format!("module-scope memory is not run: {text}"),
-                        });
+                        let name = text
+                            .split(['=', ';', '['])
+                            .next()
+                            .and_then(|declaration| declaration.split_whitespace().last())
+                            .unwrap_or_default();
+                        module_variables.push((line, name.to_string()));
                     }
                     _ => {}
                 }
@@ -204,6 +210,24 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
             line: 0,
             what: "no .target: not a PTX module".into(),
         });
+    }
+    for (line, name) in module_variables {
+        let read = |operand: &Operand| match operand {
+            Operand::Symbol(symbol) | Operand::Address(Address::Symbol(symbol, _)) => {
+                *symbol == name
+            }
+            _ => false,
+        };
+        if module
+            .kernels
+            .iter()
+            .any(|k| k.body.iter().any(|i| i.operands.iter().any(read)))
+        {
+            return Err(ParseError {
+                line,
+                what: format!("module-scope memory is not run: {name} is read by a kernel"),
+            });
+        }
     }
     Ok(module)
 }
@@ -749,5 +773,23 @@ $L__BB0_2:
         )
         .unwrap_err();
         assert!(err.what.contains("?!") && err.line == 7, "{err}");
+    }
+
+    #[test]
+    fn module_scope_variables_are_refused_only_where_a_kernel_reads_them() {
+        let module = |body: &str| {
+            format!(
+                ".version 8.0\n.target sm_80\n.address_size 64\n\
+                 .global .align 8 .u64 bits = 512;\n\
+                 .visible .entry k(\n.param .u64 a\n)\n{{\n{body}\nret;\n}}\n"
+            )
+        };
+        // As NVRTC 12.0 writes them: declared, never read.
+        let parsed = parse(&module("mov.u32 %r1, 1;")).unwrap();
+        assert_eq!(parsed.kernels.len(), 1);
+        let err = parse(&module("ld.global.u64 %rd1, [bits];")).unwrap_err();
+        assert!(err.what.contains("bits") && err.line == 4, "{err}");
+        let err = parse(&module("mov.u64 %rd1, bits;")).unwrap_err();
+        assert!(err.what.contains("module-scope"), "{err}");
     }
 }

@@ -108,11 +108,13 @@ pub fn dtypes(backend: Backend, target: &Target) -> &'static [Elem] {
     }
 }
 
-/// The oldest CUDA compute capability `backend` runs on.
+/// The oldest CUDA compute capability `backend` runs on: the oldest arch a built kernel of
+/// it serves (the SIMT memory-efficient kernels are built for the sm_70 tier, see
+/// [`crate::variants::PTX_TIERS`]), so older GPUs fall back instead of failing at load.
 pub fn min_arch(backend: Backend) -> Option<(u32, u32)> {
     match backend {
         Backend::Flash | Backend::Cudnn => Some((8, 0)),
-        Backend::MemEfficient => Some((5, 0)),
+        Backend::MemEfficient => Some((7, 0)),
         Backend::Math => None,
     }
 }

@@ -47,17 +47,24 @@ pub struct KernelEntry {
     pub wgsl: Option<WgslKernel>,
 }
 
-/// One CUDA module: every variant of a family, compiled together.
+/// One CUDA module: the variants of a family that run on one tier (see
+/// `variants::PTX_TIERS`), compiled together.
 #[derive(Debug)]
 pub struct CudaModuleSource {
     /// The family.
     pub family: Family,
+    /// The virtual architecture (× 10) the module is built for: it holds the family's
+    /// variants whose `min_sm` is at most this.
+    pub tier: u32,
     /// The rendered CUDA source (for run-time compilation when no PTX was built).
     pub source: &'static str,
-    /// Content hash of `source` and the compile options.
+    /// Content hash of `source`, the tier and the compile options.
     pub hash: u64,
-    /// PTX generated at build time, by compute capability (× 10); empty without NVRTC.
-    pub ptx: &'static [(u32, &'static str)],
+    /// PTX for `compute_{tier}` generated at build time; `None` without NVRTC.
+    pub ptx: Option<&'static str>,
+    /// SASS images (cubins) assembled from `ptx` by ptxas at build time, by real
+    /// architecture (× 10); empty without NVRTC or ptxas.
+    pub cubins: &'static [(u32, &'static [u8])],
 }
 
 /// FNV-1a, 64-bit: a stable content hash (the same on every machine and build).

@@ -6,8 +6,22 @@
 
 use crate::keys::*;
 
-/// The CUDA architectures PTX is generated for (compute capability × 10).
-pub const CUDA_ARCHS: [u32; 2] = [80, 90];
+/// The virtual architectures (compute capability × 10) PTX is generated for. Each is a tier:
+/// its module of a family holds the variants that run there (`min_sm` at most the tier),
+/// and a device uses the newest tier not above its own arch. 70 serves the SIMT kernels
+/// (IEEE fp32 GEMM, memory-efficient attention in f32/f16) from Volta on; 80 serves every
+/// kernel, tensor-core ones included, from Ampere on (and later GPUs through the driver's
+/// PTX JIT).
+pub const PTX_TIERS: [u32; 2] = [70, 80];
+
+/// The real architectures a cubin (SASS) is assembled for, each from the PTX of the newest
+/// tier not above it: Turing (T4), Ampere (A100, A10/RTX 30), Ada (L4/RTX 40), Hopper.
+pub const CUBIN_ARCHS: [u32; 5] = [75, 80, 86, 89, 90];
+
+/// The tier whose module serves a device of arch `sm`: the newest tier not above it.
+pub fn tier_for(sm: u32) -> Option<u32> {
+    PTX_TIERS.iter().copied().filter(|&t| t <= sm).max()
+}
 
 /// The head dimensions flash attention is specialised for.
 pub const FLASH_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
@@ -116,7 +130,7 @@ fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -
             tile: [64, 64],
             shared_bytes: 2 * 64 * 33 * smem_elem,
         },
-        min_sm: if math == GemmMath::Ieee { 50 } else { 80 },
+        min_sm: if math == GemmMath::Ieee { 70 } else { 80 },
     };
     // wgpu has no tensor cores: TF32 and bf16 are emulated by rounding the inputs.
     let wgsl = wgsl.then(|| WgslSpec {
@@ -162,7 +176,12 @@ fn splitk_reduce(elem: Elem, partials: Elem) -> Variant {
                 tile: [256, 1],
                 shared_bytes: 0,
             },
-            min_sm: 80,
+            // bf16 conversions (`cvt.rn.bf16.f32`) need sm_80.
+            min_sm: if elem == Elem::Bf16 || partials == Elem::Bf16 {
+                80
+            } else {
+                70
+            },
         }),
         wgsl: None,
     }
@@ -179,7 +198,7 @@ fn scale(elem: Elem) -> Variant {
                 tile: [256, 1],
                 shared_bytes: 0,
             },
-            min_sm: 50,
+            min_sm: 70,
         }),
         wgsl: None,
     }
@@ -293,7 +312,7 @@ fn mem_eff(elem: Elem, mask: MaskKind, head_dim_max: u32) -> Variant {
                 tile: [bm, 1],
                 shared_bytes: 4 * (bm * d + bn * (d + 1) + bn * d + bm * bn),
             },
-            min_sm: if elem == Elem::Bf16 { 80 } else { 50 },
+            min_sm: if elem == Elem::Bf16 { 80 } else { 70 },
         }),
         wgsl: wgsl_attention(elem, d, mask, 2),
     }

@@ -12,7 +12,6 @@ pub use crate::ops::matmul::blas::{BlasBackend, PREFERRED_BLAS, preferred_blas_l
 /// The SDPA backend switches (defined with the op, in [`crate::ops::sdpa::flags`]).
 pub use crate::ops::sdpa::flags as sdp;
 
-#[cfg(feature = "cuda")]
 pub use crate::runtime::cuda::loader;
 pub use crate::runtime::cuda::{
     DeviceProperties, device_count, driver_version, get_device_capability, get_device_name,
@@ -53,7 +52,7 @@ pub fn cufft_plan_cache(index: usize) -> crate::Result<&'static crate::ops::fft:
             ),
         });
     }
-    Ok(crate::ops::fft::plan_cache(crate::Device::Cuda(index)))
+    crate::ops::fft::plan_cache(crate::Device::Cuda(index))
 }
 
 /// Whether flash attention is built in and usable here
@@ -69,18 +68,7 @@ pub fn is_flash_attention_available() -> bool {
 /// Waits until every kernel and copy queued on device `ordinal` has finished
 /// (`torch.cuda.synchronize`): what a timing needs before it reads the clock.
 pub fn synchronize(ordinal: usize) -> crate::Result<()> {
-    #[cfg(feature = "cuda")]
-    {
-        crate::runtime::cuda::device::CudaDevice::get(ordinal)?.synchronize()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = ordinal;
-        Err(crate::Error::Unavailable {
-            what: "CUDA",
-            why: "this build has no CUDA support: build with the `cuda` feature".into(),
-        })
-    }
+    crate::runtime::cuda::device::CudaDevice::get(ordinal)?.synchronize()
 }
 
 option_enum! {
@@ -143,7 +131,7 @@ pub fn preferred_rocm_fa_library(backend: Option<RocmFaBackend>) -> RocmFaBacken
 }
 
 pub(crate) fn report() -> serde_json::Value {
-    let devices: Vec<serde_json::Value> = crate::runtime::cuda::driver::state()
+    let devices: Vec<serde_json::Value> = crate::runtime::cuda::state()
         .devices
         .iter()
         .enumerate()
@@ -154,6 +142,10 @@ pub(crate) fn report() -> serde_json::Value {
                 "capability": format!("{}.{}", d.major, d.minor),
                 "multi_processor_count": d.multi_processor_count,
                 "total_memory_bytes": d.total_memory,
+                "kernel_images": crate::runtime::cuda::loader::images(i)
+                    .into_iter()
+                    .map(|(family, image)| (family.to_string(), serde_json::json!(image)))
+                    .collect::<serde_json::Map<_, _>>(),
             })
         })
         .collect();
@@ -165,7 +157,7 @@ pub(crate) fn report() -> serde_json::Value {
         "unavailable_reason": unavailable_reason(),
         "driver_version": driver_version(),
         "device_count": device_count(),
-        "interpreted": crate::runtime::cuda::driver::state().interpreted,
+        "interpreted": crate::runtime::cuda::is_interpreted(),
         "devices": devices,
         "matmul": matmul::report(),
         "preferred_blas_library": PREFERRED_BLAS.report(),

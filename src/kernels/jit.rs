@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::{CACHE_DIR_ENV, CUDA_ARCHS, CudaModuleSource};
+use super::{CACHE_DIR_ENV, CudaModuleSource};
 use crate::{Error, Result};
 
 #[cfg(feature = "cuda")]
@@ -24,14 +24,6 @@ pub(super) fn nvrtc() -> Result<&'static str> {
     })
 }
 
-/// The newest declared architecture not above `sm`: what run-time compilation targets.
-fn jit_arch(sm: u32) -> Result<u32> {
-    CUDA_ARCHS.iter().copied().filter(|&a| a <= sm).max().ok_or_else(|| Error::Unavailable {
-        what: "CUDA kernels",
-        why: format!("sm_{sm} is older than every supported architecture ({CUDA_ARCHS:?}); use an sm_80 or newer GPU"),
-    })
-}
-
 fn cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os(CACHE_DIR_ENV)
         .map(PathBuf::from)
@@ -44,19 +36,19 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("ptx"))
 }
 
-/// The PTX of `module` for `sm`, compiled by NVRTC for the newest declared architecture
-/// not above it; cached in memory and on disk (keyed by content hash and arch).
-pub(super) fn compiled(module: &'static CudaModuleSource, sm: u32) -> Result<Arc<str>> {
-    type Compiled = HashMap<(u64, u32), Arc<str>>;
+/// The PTX of `module`, compiled by NVRTC for its tier; cached in memory and on disk
+/// (keyed by content hash, which covers the tier).
+pub(super) fn compiled(module: &'static CudaModuleSource) -> Result<Arc<str>> {
+    type Compiled = HashMap<u64, Arc<str>>;
     static MEMORY: LazyLock<Mutex<Compiled>> = LazyLock::new(Default::default);
-    let arch = jit_arch(sm)?;
-    let key = (module.hash, arch);
+    let arch = module.tier;
+    let key = module.hash;
     if let Some(ptx) = MEMORY.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(ptx.clone());
     }
     let file = cache_dir().map(|d| {
         d.join(format!(
-            "{}-{:016x}.sm_{arch}.ptx",
+            "{}-{:016x}.compute_{arch}.ptx",
             module.family, module.hash
         ))
     });
@@ -84,7 +76,7 @@ pub(super) fn compiled(module: &'static CudaModuleSource, sm: u32) -> Result<Arc
 fn compile(module: &CudaModuleSource, arch: u32) -> Result<String> {
     nvrtc()?;
     crate::core::verbose::creation_event(|| {
-        format!("nvrtc compile {}.cu for sm_{arch}", module.family)
+        format!("nvrtc compile {}.cu for compute_{arch}", module.family)
     });
     backends_codegen::nvrtc::compile(module.source, &format!("{}.cu", module.family), arch)
         .map_err(Error::Compile)

@@ -16,7 +16,7 @@ impl Device {
     /// and the driver reports a device, else a real GPU among the wgpu adapters, else the
     /// CPU.
     pub fn best() -> Device {
-        if cfg!(feature = "cuda") && crate::runtime::cuda::is_available() {
+        if crate::runtime::cuda::is_available() {
             return Device::Cuda(0);
         }
         crate::runtime::wgpu::adapters::list()

@@ -21,17 +21,9 @@ fn upload(
         Device::Wgpu(index) => Box::new(crate::runtime::wgpu::WgpuBuffer::upload(
             index, dtype, bytes,
         )?),
-        #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => Box::new(crate::runtime::cuda::memory::CudaBuffer::upload(
             ordinal, bytes,
         )?),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => {
-            return Err(Error::Unavailable {
-                what: "CUDA tensors",
-                why: "this build has no CUDA support: build with the `cuda` feature".into(),
-            });
-        }
     };
     Ok(Storage::Device(memory))
 }
@@ -130,7 +122,6 @@ impl Tensor {
     }
 
     /// The device buffer of a CUDA tensor.
-    #[cfg(feature = "cuda")]
     pub(crate) fn cuda_buffer(&self) -> Option<&crate::runtime::cuda::memory::CudaBuffer> {
         self.device_memory()
     }

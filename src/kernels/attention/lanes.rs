@@ -5,6 +5,7 @@ use std::arch::x86_64::*;
 
 use super::portable::EXP2_POLY;
 use super::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView};
+use crate::kernels::simd::Vector;
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 
 /// The fused block for AVX-512: [`block_lanes`] with 16 rows per vector, score tiles of
@@ -38,24 +39,8 @@ unsafe fn block_avx2_unchecked(a: BlockArgs) {
     unsafe { block_lanes::<__m256, 4, 3, 6, 2>(a) }
 }
 
-/// The vector operations of the fused block, on one register of `LANES` floats. Every
-/// method is unsafe: the CPU must have the vector's instruction set, and pointers must
-/// be valid for the lanes they touch.
-trait Vector: Copy {
-    /// Floats per register.
-    const LANES: usize;
-    unsafe fn splat(x: f32) -> Self;
-    unsafe fn load(at: *const f32) -> Self;
-    unsafe fn store(self, at: *mut f32);
-    /// Stores lanes `0..n` only.
-    unsafe fn store_first(self, at: *mut f32, n: usize);
-    /// `a·b + c`.
-    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
-    unsafe fn mul(a: Self, b: Self) -> Self;
-    unsafe fn add(a: Self, b: Self) -> Self;
-    unsafe fn max(a: Self, b: Self) -> Self;
-    /// `base[l·stride]` in lanes `l < n`, 0 in the others (64-bit offsets: any stride).
-    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self;
+/// The vector operations of the online softmax, beyond the shared vocabulary.
+trait SoftmaxLanes: Vector {
     /// -inf in the lanes whose index is below `first_shown`, `x` in the others.
     unsafe fn hide_below(x: Self, first_shown: f32) -> Self;
     /// `max·log2 e`, 0 where `max` is -inf (rows that have seen no key).
@@ -79,64 +64,10 @@ unsafe fn exp2_fraction<V: Vector>(f: V) -> V {
     }
 }
 
-// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
-// has AVX-512F and DQ, pointers are valid for the lanes touched).
+// SAFETY (every method): a few intrinsics under the trait's contract (the CPU has
+// AVX-512F and DQ).
 #[allow(unsafe_op_in_unsafe_fn)]
-impl Vector for __m512 {
-    const LANES: usize = 16;
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self {
-        _mm512_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(at: *const f32) -> Self {
-        _mm512_loadu_ps(at)
-    }
-    #[inline(always)]
-    unsafe fn store(self, at: *mut f32) {
-        _mm512_storeu_ps(at, self)
-    }
-    #[inline(always)]
-    unsafe fn store_first(self, at: *mut f32, n: usize) {
-        _mm512_mask_storeu_ps(at, first_lanes16(n), self)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
-        _mm512_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self, b: Self) -> Self {
-        _mm512_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        _mm512_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn max(a: Self, b: Self) -> Self {
-        _mm512_max_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
-        let stride = _mm512_set1_epi64(stride as i64);
-        let low_offsets = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), stride);
-        let high_offsets =
-            _mm512_mullo_epi64(_mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15), stride);
-        let real = first_lanes16(n);
-        let low = _mm512_mask_i64gather_ps::<4>(
-            _mm256_setzero_ps(),
-            real as __mmask8,
-            low_offsets,
-            base.cast(),
-        );
-        let high = _mm512_mask_i64gather_ps::<4>(
-            _mm256_setzero_ps(),
-            (real >> 8) as __mmask8,
-            high_offsets,
-            base.cast(),
-        );
-        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
-    }
+impl SoftmaxLanes for __m512 {
     #[inline(always)]
     unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
         let lane = _mm512_setr_ps(
@@ -162,69 +93,10 @@ impl Vector for __m512 {
     }
 }
 
-/// The mask of lanes `0..n` of 16.
-#[inline(always)]
-fn first_lanes16(n: usize) -> __mmask16 {
-    ((1u32 << n.min(16)) - 1) as __mmask16
-}
-
-// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
-// has AVX2 and FMA, pointers are valid for the lanes touched).
+// SAFETY (every method): a few intrinsics under the trait's contract (the CPU has AVX2
+// and FMA).
 #[allow(unsafe_op_in_unsafe_fn)]
-impl Vector for __m256 {
-    const LANES: usize = 8;
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> Self {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn load(at: *const f32) -> Self {
-        _mm256_loadu_ps(at)
-    }
-    #[inline(always)]
-    unsafe fn store(self, at: *mut f32) {
-        _mm256_storeu_ps(at, self)
-    }
-    #[inline(always)]
-    unsafe fn store_first(self, at: *mut f32, n: usize) {
-        _mm256_maskstore_ps(at, first_lanes8(n), self)
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
-        _mm256_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self, b: Self) -> Self {
-        _mm256_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        _mm256_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn max(a: Self, b: Self) -> Self {
-        _mm256_max_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
-        let stride = stride as i64;
-        let low_offsets = _mm256_setr_epi64x(0, stride, 2 * stride, 3 * stride);
-        let high_offsets = _mm256_setr_epi64x(4 * stride, 5 * stride, 6 * stride, 7 * stride);
-        let real = _mm256_castsi256_ps(first_lanes8(n));
-        let low = _mm256_mask_i64gather_ps::<4>(
-            _mm_setzero_ps(),
-            base,
-            low_offsets,
-            _mm256_castps256_ps128(real),
-        );
-        let high = _mm256_mask_i64gather_ps::<4>(
-            _mm_setzero_ps(),
-            base,
-            high_offsets,
-            _mm256_extractf128_ps::<1>(real),
-        );
-        _mm256_set_m128(high, low)
-    }
+impl SoftmaxLanes for __m256 {
     #[inline(always)]
     unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
         let lane = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
@@ -253,19 +125,6 @@ impl Vector for __m256 {
     }
 }
 
-/// All-ones in 32-bit lanes `0..n` of 8.
-///
-/// # Safety
-/// The CPU has AVX2 (`vpcmpgtd` on 256 bits).
-#[inline(always)]
-unsafe fn first_lanes8(n: usize) -> __m256i {
-    // SAFETY: register work; the caller's CPU has AVX2.
-    unsafe {
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lane)
-    }
-}
-
 /// The running max and sum of one vector of query rows, one per lane.
 #[derive(Clone, Copy)]
 struct RowState<V> {
@@ -284,7 +143,7 @@ struct RowState<V> {
 /// The CPU has `V`'s instruction set.
 #[inline(always)]
 unsafe fn block_lanes<
-    V: Vector,
+    V: SoftmaxLanes,
     const KEYS: usize,
     const VECS: usize,
     const COLS: usize,
@@ -586,7 +445,7 @@ struct Lanes<'a> {
 /// # Safety
 /// The CPU has `V`'s instruction set.
 #[inline(always)]
-unsafe fn softmax<V: Vector>(
+unsafe fn softmax<V: SoftmaxLanes>(
     st: &mut [[f32; BLOCK_M]],
     lanes: Lanes,
     state: &mut RowState<V>,

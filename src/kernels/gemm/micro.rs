@@ -61,6 +61,7 @@ pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::Micro;
+    use crate::kernels::simd::{Vector, prefetch_l1};
 
     /// The AVX-512 micro-kernel and its tile.
     pub(in crate::kernels::gemm) const AVX512: Micro = Micro {
@@ -68,7 +69,7 @@ pub(super) mod x86 {
         mr: 6,
         nr: 64,
         pairs: false,
-        run: micro_avx512::<6, 4>,
+        run: micro_avx512,
     };
 
     /// The AVX512-BF16 micro-kernel: the AVX-512 tile over bf16 pairs (`vdpbf16ps`).
@@ -77,147 +78,8 @@ pub(super) mod x86 {
         mr: 6,
         nr: 64,
         pairs: true,
-        run: micro_avx512_bf16::<6, 4>,
+        run: micro_avx512_bf16,
     };
-
-    /// As [`micro_avx512`], but each step holds two K indices as bf16 pairs: one
-    /// `vdpbf16ps` per accumulator adds both products in f32.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F and AVX512-BF16; `a` holds `steps * MR` pairs, `b`
-    /// `steps * 16 * NV`, and `c` MR rows of `16 * NV` writable floats `ldc` apart.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn micro_avx512_bf16<const MR: usize, const NV: usize>(
-        steps: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: C holds the tile (caller).
-        unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
-        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-        for step in 0..steps {
-            // SAFETY: step < steps, so the reads stay inside the panels (caller); prefetches
-            // past the panel's end do not fault. A pair of bf16 values and an f32 are both
-            // 32 bits: the casts reinterpret lanes.
-            unsafe {
-                prefetch_b::<NV>(b, step);
-                let mut bv = [_mm512_setzero_ps(); NV];
-                for (v, slot) in bv.iter_mut().enumerate() {
-                    *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));
-                }
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let ai: __m512bh = std::mem::transmute(_mm512_set1_ps(*a.add(step * MR + i)));
-                    for (x, &bx) in row.iter_mut().zip(&bv) {
-                        *x = _mm512_dpbf16_ps(*x, ai, std::mem::transmute::<__m512, __m512bh>(bx));
-                    }
-                }
-            }
-        }
-        // SAFETY: C holds the tile (caller).
-        unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
-    }
-
-    /// Steps ahead of the one being computed whose B lines the micro-kernels prefetch: the
-    /// 64-wide B panel (96 KiB at 384 steps) outgrows L1 and streams from L2, where the
-    /// loads stalled the FMAs (measured +10-19% on an Intel Xeon at n = 1024..4096).
-    const PREFETCH_STEPS: usize = 6;
-
-    /// Prefetches the `NV` B vectors of step `step + PREFETCH_STEPS` into L1.
-    ///
-    /// # Safety
-    /// None: the address is only computed (wrapping) and prefetched, never read.
-    #[inline(always)]
-    unsafe fn prefetch_b<const NV: usize>(b: *const f32, step: usize) {
-        for v in 0..NV {
-            let ahead = b.wrapping_add(((step + PREFETCH_STEPS) * NV + v) * 16);
-            // SAFETY: a prefetch does not fault, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.cast()) };
-        }
-    }
-
-    /// Asks for the C tile's cache lines ahead of the K loop, so that storing (or adding to)
-    /// it at the end does not wait on memory.
-    ///
-    /// # Safety
-    /// None beyond the micro-kernels': prefetches do not fault, the addresses are C's.
-    #[inline(always)]
-    unsafe fn prefetch_tile(c: *const f32, ldc: usize, rows: usize, cols: usize) {
-        for i in 0..rows {
-            for col in (0..cols).step_by(16) {
-                // SAFETY: a prefetch of an address inside the caller's tile.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + col).cast()) };
-            }
-        }
-    }
-
-    /// Stores (or adds) the accumulators into C.
-    ///
-    /// # Safety
-    /// As the micro-kernels: `c` has MR rows of `16 * NV` writable floats `ldc` apart.
-    #[inline(always)]
-    unsafe fn store<const MR: usize, const NV: usize>(
-        acc: &[[__m512; NV]; MR],
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        for (i, row) in acc.iter().enumerate() {
-            for (v, &x) in row.iter().enumerate() {
-                // SAFETY: row i of the tile has 16 * NV writable floats (caller).
-                unsafe {
-                    let cv = c.add(i * ldc + v * 16);
-                    let out = if accumulate {
-                        _mm512_add_ps(_mm512_loadu_ps(cv), x)
-                    } else {
-                        x
-                    };
-                    _mm512_storeu_ps(cv, out);
-                }
-            }
-        }
-    }
-
-    /// An `MR x (16 * NV)` tile: `MR * NV` zmm accumulators; per step, NV vectors of B and
-    /// one broadcast of A per row.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F; `a` holds `kc * MR` floats, `b` `kc * 16 * NV`, and `c` MR rows
-    /// of `16 * NV` writable floats `ldc` apart.
-    #[target_feature(enable = "avx512f")]
-    unsafe fn micro_avx512<const MR: usize, const NV: usize>(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: C holds the tile (caller).
-        unsafe { prefetch_tile(c, ldc, MR, 16 * NV) };
-        let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-        for step in 0..kc {
-            // SAFETY: step < kc, so the reads stay inside the panels (caller); prefetches
-            // past the panel's end do not fault.
-            unsafe {
-                prefetch_b::<NV>(b, step);
-                let mut bv = [_mm512_setzero_ps(); NV];
-                for (v, slot) in bv.iter_mut().enumerate() {
-                    *slot = _mm512_loadu_ps(b.add((step * NV + v) * 16));
-                }
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm512_set1_ps(*a.add(step * MR + i));
-                    for (x, &bx) in row.iter_mut().zip(&bv) {
-                        *x = _mm512_fmadd_ps(ai, bx, *x);
-                    }
-                }
-            }
-        }
-        // SAFETY: C holds the tile (caller).
-        unsafe { store::<MR, NV>(&acc, c, ldc, accumulate) };
-    }
 
     /// The AVX2 micro-kernel and its tile.
     pub(in crate::kernels::gemm) const AVX2: Micro = Micro {
@@ -228,11 +90,29 @@ pub(super) mod x86 {
         run: micro_avx2,
     };
 
-    /// 6 x 16 tile: 12 ymm accumulators, two B vectors and one A broadcast per step.
+    /// [`micro_lanes`] on zmm registers: a 6 x 64 tile in 24 accumulators.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `a` holds `kc * 6` floats, `b` `kc * 16`, and `c` 6 rows
-    /// of 16 writable floats `ldc` apart.
+    /// The CPU has AVX-512F (and FMA, which the AVX-512 level includes); the panels and the
+    /// tile as [`micro_lanes`] says (`MR` = 6, `NV` = 4).
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn micro_avx512(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU and panels (above).
+        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, b, c, ldc, accumulate) }
+    }
+
+    /// [`micro_lanes`] on ymm registers: a 6 x 16 tile in 12 accumulators.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the panels and the tile as [`micro_lanes`] says (`MR` = 6,
+    /// `NV` = 2).
     #[target_feature(enable = "avx2,fma")]
     unsafe fn micro_avx2(
         kc: usize,
@@ -242,32 +122,136 @@ pub(super) mod x86 {
         ldc: usize,
         accumulate: bool,
     ) {
-        // SAFETY: C holds the tile (caller).
-        unsafe { prefetch_tile(c, ldc, 6, 16) };
-        let mut acc = [[_mm256_setzero_ps(); 2]; 6];
+        // SAFETY: the caller's CPU and panels (above).
+        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, b, c, ldc, accumulate) }
+    }
+
+    /// Steps ahead of the one being computed whose B lines the micro-kernels prefetch: the
+    /// 64-wide B panel (96 KiB at 384 steps) outgrows L1 and streams from L2, where the
+    /// loads stalled the FMAs (measured +10-19% on an Intel Xeon at n = 1024..4096).
+    const PREFETCH_STEPS: usize = 6;
+
+    /// An `MR x (LANES * NV)` tile: `MR * NV` accumulators; per step, NV vectors of B and
+    /// one broadcast of A per row.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set; `a` holds `kc * MR` floats, `b` `kc * LANES * NV`,
+    /// and `c` MR rows of `LANES * NV` writable floats `ldc` apart.
+    #[inline(always)]
+    unsafe fn micro_lanes<V: Vector, const MR: usize, const NV: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        prefetch_tile::<V>(c, ldc, MR, V::LANES * NV);
+        // SAFETY: register work under the caller's instruction set.
+        let mut acc = [[unsafe { V::splat(0.0) }; NV]; MR];
         for step in 0..kc {
+            prefetch_b::<V, NV>(b, step);
             // SAFETY: step < kc, so the reads stay inside the panels (caller).
             unsafe {
-                let b0 = _mm256_loadu_ps(b.add(step * 16));
-                let b1 = _mm256_loadu_ps(b.add(step * 16 + 8));
+                let bv: [V; NV] =
+                    std::array::from_fn(|v| V::load(b.add((step * NV + v) * V::LANES)));
                 for (i, row) in acc.iter_mut().enumerate() {
-                    let ai = _mm256_set1_ps(*a.add(step * 6 + i));
-                    row[0] = _mm256_fmadd_ps(ai, b0, row[0]);
-                    row[1] = _mm256_fmadd_ps(ai, b1, row[1]);
+                    let ai = V::splat(*a.add(step * MR + i));
+                    for (x, &bx) in row.iter_mut().zip(&bv) {
+                        *x = V::fmadd(ai, bx, *x);
+                    }
                 }
             }
         }
-        for (i, row) in acc.iter().enumerate() {
-            // SAFETY: row i of the tile has 16 writable floats (caller).
+        // SAFETY: C holds the tile (caller).
+        unsafe { store::<V, MR, NV>(&acc, c, ldc, accumulate) };
+    }
+
+    /// As [`micro_avx512`], but each step holds two K indices as bf16 pairs: one
+    /// `vdpbf16ps` per accumulator adds both products in f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16; `a` holds `steps * 6` pairs, `b`
+    /// `steps * 64`, and `c` 6 rows of 64 writable floats `ldc` apart.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn micro_avx512_bf16(
+        steps: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        const MR: usize = 6;
+        const NV: usize = 4;
+        prefetch_tile::<__m512>(c, ldc, MR, 16 * NV);
+        // SAFETY: register work (AVX-512F).
+        let mut acc = [[unsafe { __m512::splat(0.0) }; NV]; MR];
+        for step in 0..steps {
+            prefetch_b::<__m512, NV>(b, step);
+            // SAFETY: step < steps, so the reads stay inside the panels (caller). A pair of
+            // bf16 values and an f32 are both 32 bits: the casts reinterpret lanes.
             unsafe {
-                let cr = c.add(i * ldc);
-                let (mut v0, mut v1) = (row[0], row[1]);
-                if accumulate {
-                    v0 = _mm256_add_ps(_mm256_loadu_ps(cr), v0);
-                    v1 = _mm256_add_ps(_mm256_loadu_ps(cr.add(8)), v1);
+                let bv: [__m512bh; NV] = std::array::from_fn(|v| {
+                    std::mem::transmute(__m512::load(b.add((step * NV + v) * 16)))
+                });
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let ai: __m512bh = std::mem::transmute(__m512::splat(*a.add(step * MR + i)));
+                    for (x, &bx) in row.iter_mut().zip(&bv) {
+                        *x = _mm512_dpbf16_ps(*x, ai, bx);
+                    }
                 }
-                _mm256_storeu_ps(cr, v0);
-                _mm256_storeu_ps(cr.add(8), v1);
+            }
+        }
+        // SAFETY: C holds the tile (caller).
+        unsafe { store::<__m512, MR, NV>(&acc, c, ldc, accumulate) };
+    }
+
+    /// Prefetches the B panel's cache lines of step `step + PREFETCH_STEPS` into L1 (one
+    /// prefetch per 64-byte line: `NV` vectors of `LANES` floats).
+    #[inline(always)]
+    fn prefetch_b<V: Vector, const NV: usize>(b: *const f32, step: usize) {
+        let width = NV * V::LANES;
+        for line in (0..width).step_by(16) {
+            prefetch_l1(b.wrapping_add((step + PREFETCH_STEPS) * width + line));
+        }
+    }
+
+    /// Asks for the C tile's cache lines ahead of the K loop, so that storing (or adding to)
+    /// it at the end does not wait on memory.
+    #[inline(always)]
+    fn prefetch_tile<V: Vector>(c: *const f32, ldc: usize, rows: usize, cols: usize) {
+        for i in 0..rows {
+            for col in (0..cols).step_by(V::LANES) {
+                prefetch_l1(c.wrapping_add(i * ldc + col));
+            }
+        }
+    }
+
+    /// Stores (or adds) the accumulators into C.
+    ///
+    /// # Safety
+    /// As the micro-kernels: the CPU has `V`'s instruction set and `c` has MR rows of
+    /// `LANES * NV` writable floats `ldc` apart.
+    #[inline(always)]
+    unsafe fn store<V: Vector, const MR: usize, const NV: usize>(
+        acc: &[[V; NV]; MR],
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        for (i, row) in acc.iter().enumerate() {
+            for (v, &x) in row.iter().enumerate() {
+                // SAFETY: row i of the tile has LANES * NV writable floats (caller).
+                unsafe {
+                    let cv = c.add(i * ldc + v * V::LANES);
+                    let out = if accumulate {
+                        V::add(V::load(cv), x)
+                    } else {
+                        x
+                    };
+                    out.store(cv);
+                }
             }
         }
     }

@@ -8,16 +8,17 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::cufft::{result, sys};
 use cudarc::driver::{CudaView, DevicePtr};
 
-use super::{Direction, PlanKey};
+use super::{Direction, PlanKey, plan_cache};
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelKey, ScaleKey};
 use crate::runtime::cuda::device::CudaDevice;
-use crate::runtime::cuda::launch::{Kernel, grid_dim, long_arg};
+use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{grid_dim, long_arg};
 use crate::{DType, Device, Error, Result};
 
 /// A cuFFT plan; cuFFT plans are not to run concurrently, so execution takes the lock.
-pub(crate) struct Plan {
+struct Plan {
     handle: Mutex<sys::cufftHandle>,
 }
 
@@ -40,6 +41,62 @@ fn cufft_error(call: &'static str) -> impl Fn(result::CufftError) -> Error {
         call,
         detail: format!("{e:?}"),
     }
+}
+
+/// A transform of CUDA tensor `x` through cuFFT: `sizes` per signal, `batch` signals, a
+/// result of `out_shape`, inverses divided by the product of `sizes`. `input` replaces
+/// x's data where the caller prepared it (the real inverse's half-spectrum).
+pub(super) fn transform(
+    op: &'static str,
+    ordinal: usize,
+    x: &Tensor,
+    direction: Direction,
+    (sizes, out_shape): (Vec<usize>, Vec<usize>),
+    input: Option<Tensor>,
+) -> Result<Tensor> {
+    let dtype = x.dtype();
+    if !matches!(dtype, DType::F32 | DType::F64) {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: dtype,
+        });
+    }
+    let norm: usize = sizes.iter().product();
+    let out_numel: usize = out_shape.iter().product();
+    if norm == 0 || out_numel == 0 {
+        return Tensor::from_f64(&vec![0.0; out_numel], &out_shape, dtype, x.device());
+    }
+    // cuFFT reads contiguous signals; a strided view is copied first.
+    let input = match input {
+        Some(prepared) => prepared,
+        None if x.is_contiguous() => x.clone(),
+        None => x.to_device(x.device())?,
+    };
+    let signal_in: usize = match direction {
+        Direction::RealInverse => sizes[0] / 2 + 1,
+        _ => norm,
+    };
+    let complex_in = direction != Direction::RealForward;
+    let batch = input.numel() / (signal_in * if complex_in { 2 } else { 1 });
+    let key = PlanKey {
+        sizes,
+        batch,
+        dtype,
+        direction,
+        strides: input.strides().to_vec(),
+    };
+    let plan = plan_cache(x.device())?.get(key.clone(), || plan(ordinal, &key))?;
+    let buffer = input.cuda_buffer().expect("a CUDA tensor has a buffer");
+    let out = run(
+        ordinal,
+        &plan,
+        &key,
+        (buffer, input.offset() * dtype.size()),
+        out_numel * dtype.size(),
+        norm,
+    )?;
+    Ok(tensor(out, &out_shape, dtype, ordinal))
 }
 
 /// Checks that libcufft loads (probed once: cudarc panics on a missing library).
@@ -73,16 +130,16 @@ fn kind(key: &PlanKey) -> sys::cufftType {
 }
 
 /// A plan for `key` on device `ordinal`: `key.batch` contiguous signals of `key.sizes`.
-pub(crate) fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
+fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
     library()?;
     let op = "a cuFFT plan";
     let mut n = key
         .sizes
         .iter()
-        .map(|&s| crate::runtime::cuda::launch::int_arg(op, s))
+        .map(|&s| crate::runtime::cuda::int_arg(op, s))
         .collect::<Result<Vec<c_int>>>()?;
     let rank = n.len() as c_int;
-    let batch = crate::runtime::cuda::launch::int_arg(op, key.batch)?;
+    let batch = crate::runtime::cuda::int_arg(op, key.batch)?;
     let stream = CudaDevice::get(ordinal)?.stream()?;
     CudaDevice::get(ordinal)?.bind()?;
     crate::core::verbose::creation_event(|| {
@@ -128,7 +185,7 @@ pub(crate) fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
 /// Runs `plan` (made for `key`) on the contiguous signals at byte `offset` of `input`, into
 /// a new buffer of `out_len` bytes, then scales inverse transforms by 1/`norm`. C2R
 /// transforms overwrite their input: pass them a scratch copy.
-pub(crate) fn run(
+fn run(
     ordinal: usize,
     plan: &Plan,
     key: &PlanKey,
@@ -208,7 +265,7 @@ fn scale(ordinal: usize, buffer: &CudaBuffer, dtype: DType, factor: f64) -> Resu
 }
 
 /// A CUDA tensor over `buffer`.
-pub(crate) fn tensor(buffer: CudaBuffer, shape: &[usize], dtype: DType, ordinal: usize) -> Tensor {
+fn tensor(buffer: CudaBuffer, shape: &[usize], dtype: DType, ordinal: usize) -> Tensor {
     Tensor::from_storage(
         Storage::Device(Box::new(buffer)),
         dtype,

@@ -15,9 +15,12 @@
 #[cfg(feature = "cuda")]
 mod cufft;
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::f64::consts::PI;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use crate::runtime::cuda::device::CudaDevice;
 
 use crate::core::tensor::{checked_numel, host_filled};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -238,17 +241,9 @@ pub struct PlanKey {
 /// The default capacity of a plan cache (PyTorch's).
 pub const DEFAULT_MAX_SIZE: usize = 4096;
 
-/// What one cache entry holds.
-enum CachedPlan {
-    /// The host kernels, one per transformed dimension.
-    Host(Vec<FftPlan>),
-    /// A cuFFT plan.
-    #[cfg(feature = "cuda")]
-    Cuda(cufft::Plan),
-}
-
-/// The plans of one key.
-type Plans = Arc<CachedPlan>;
+/// What one cache entry holds: the device's plan type (host kernels, one per transformed
+/// dimension, on the CPU; a cuFFT plan on CUDA).
+type Plans = Arc<dyn Any + Send + Sync>;
 
 struct CacheState {
     max_size: usize,
@@ -321,15 +316,21 @@ impl PlanCache {
         self.lock().plans.contains_key(key)
     }
 
-    /// The plans for `key`, built by `make` on a miss.
-    fn get(&self, key: PlanKey, make: impl FnOnce() -> Result<CachedPlan>) -> Result<Plans> {
+    /// The plans for `key` (of the device's plan type `T`), built by `make` on a miss.
+    fn get<T: Any + Send + Sync>(
+        &self,
+        key: PlanKey,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
         {
             let mut state = self.lock();
             state.tick += 1;
             let tick = state.tick;
-            if let Some((plans, used)) = state.plans.get_mut(&key) {
+            if let Some((plans, used)) = state.plans.get_mut(&key)
+                && let Ok(plans) = plans.clone().downcast::<T>()
+            {
                 *used = tick;
-                return Ok(plans.clone());
+                return Ok(plans);
             }
         }
         // Built outside the lock: other threads keep using the cache meanwhile.
@@ -356,14 +357,26 @@ fn evict(state: &mut CacheState) {
     }
 }
 
-/// The plan cache of `device` (one per device, created on first use).
-pub fn plan_cache(device: Device) -> &'static PlanCache {
-    static CACHES: LazyLock<Mutex<HashMap<Device, &'static PlanCache>>> =
-        LazyLock::new(Default::default);
-    let mut caches = CACHES.lock().unwrap_or_else(|p| p.into_inner());
-    caches
-        .entry(device)
-        .or_insert_with(|| Box::leak(Box::new(PlanCache::new())))
+/// The plan cache of `device`: the process's for the CPU, and for a CUDA device the one
+/// kept with that device (`CudaDevice::state`, created on first use). wgpu devices have no
+/// FFT, hence no cache, and a CUDA ordinal that is not present is an error.
+pub fn plan_cache(device: Device) -> Result<&'static PlanCache> {
+    static HOST: LazyLock<PlanCache> = LazyLock::new(PlanCache::new);
+    match device {
+        Device::Cpu => Ok(&HOST),
+        Device::Cuda(ordinal) => Ok(CudaDevice::get(ordinal)?.state::<PlanCache>()),
+        Device::Wgpu(_) => Err(no_fft_on(device)),
+    }
+}
+
+/// Why a device has no FFT.
+fn no_fft_on(device: Device) -> Error {
+    Error::Unavailable {
+        what: "FFTs here",
+        why: format!(
+            "FFTs run on the CPU and on CUDA (cuFFT); move the tensor to one ({device} given)"
+        ),
+    }
 }
 
 fn fft_error(op: &'static str, detail: String) -> Error {
@@ -422,85 +435,37 @@ fn float(op: &'static str, x: &Tensor) -> Result<()> {
 /// Where an FFT of `x` runs.
 enum Place {
     Host,
-    #[cfg(feature = "cuda")]
     Cuda(usize),
 }
 
-fn place(op: &'static str, x: &Tensor) -> Result<Place> {
+fn place(x: &Tensor) -> Result<Place> {
     match x.device() {
         Device::Cpu => Ok(Place::Host),
-        #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => Ok(Place::Cuda(ordinal)),
-        other => Err(Error::Unavailable {
-            what: op,
-            why: format!(
-                "FFTs run on the CPU and on CUDA (cuFFT); move the tensor to one ({other} given)"
-            ),
-        }),
+        other => Err(no_fft_on(other)),
     }
 }
 
-/// A transform of CUDA tensor `x` through cuFFT: `sizes` per signal, `batch` signals, a
-/// result of `out_shape`, inverses divided by the product of `sizes`. `input` replaces
-/// x's data where the caller prepared it (the real inverse's half-spectrum).
-#[cfg(feature = "cuda")]
+/// A transform of CUDA tensor `x` through cuFFT (see `cufft::transform`); unreached in
+/// builds without `cuda`, which have no CUDA tensors.
 fn on_cuda(
     op: &'static str,
     ordinal: usize,
     x: &Tensor,
     direction: Direction,
-    (sizes, out_shape): (Vec<usize>, Vec<usize>),
+    io: (Vec<usize>, Vec<usize>),
     input: Option<Tensor>,
 ) -> Result<Tensor> {
-    let dtype = x.dtype();
-    if !matches!(dtype, DType::F32 | DType::F64) {
-        return Err(Error::DTypeMismatch {
-            op,
-            expected: DType::F32,
-            got: dtype,
-        });
+    #[cfg(feature = "cuda")]
+    return cufft::transform(op, ordinal, x, direction, io, input);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ordinal, x, direction, io, input);
+        Err(Error::Unavailable {
+            what: op,
+            why: "this build has no cuFFT bindings: build with the `cuda` feature".into(),
+        })
     }
-    let norm: usize = sizes.iter().product();
-    let out_numel: usize = out_shape.iter().product();
-    if norm == 0 || out_numel == 0 {
-        return Tensor::from_f64(&vec![0.0; out_numel], &out_shape, dtype, x.device());
-    }
-    // cuFFT reads contiguous signals; a strided view is copied first.
-    let input = match input {
-        Some(prepared) => prepared,
-        None if x.is_contiguous() => x.clone(),
-        None => x.to_device(x.device())?,
-    };
-    let signal_in: usize = match direction {
-        Direction::RealInverse => sizes[0] / 2 + 1,
-        _ => norm,
-    };
-    let complex_in = direction != Direction::RealForward;
-    let batch = input.numel() / (signal_in * if complex_in { 2 } else { 1 });
-    let key = PlanKey {
-        sizes,
-        batch,
-        dtype,
-        direction,
-        strides: input.strides().to_vec(),
-    };
-    let cache = plan_cache(x.device());
-    let plans = cache.get(key.clone(), || {
-        Ok(CachedPlan::Cuda(cufft::plan(ordinal, &key)?))
-    })?;
-    let CachedPlan::Cuda(plan) = &*plans else {
-        unreachable!("a CUDA device's cache holds cuFFT plans")
-    };
-    let buffer = input.cuda_buffer().expect("a CUDA tensor has a buffer");
-    let out = cufft::run(
-        ordinal,
-        plan,
-        &key,
-        (buffer, input.offset() * dtype.size()),
-        out_numel * dtype.size(),
-        norm,
-    )?;
-    Ok(cufft::tensor(out, &out_shape, dtype, ordinal))
 }
 
 fn to_tensor(values: &[C], shape: &[usize], like: &Tensor) -> Result<Tensor> {
@@ -557,20 +522,13 @@ fn transform(
         direction,
         strides: x.strides().to_vec(),
     };
-    let plans = plan_cache(x.device()).get(key, || {
+    let plans = plan_cache(Device::Cpu)?.get(key, || {
         crate::core::verbose::creation_event(|| format!("fft plan {sizes:?} {direction:?}"));
-        Ok(CachedPlan::Host(
-            sizes
-                .iter()
-                .map(|&n| FftPlan::new(n))
-                .collect::<Result<_>>()?,
-        ))
+        sizes
+            .iter()
+            .map(|&n| FftPlan::new(n))
+            .collect::<Result<Vec<_>>>()
     })?;
-    // (Without the `cuda` feature the host plan is the only kind.)
-    #[cfg_attr(not(feature = "cuda"), allow(irrefutable_let_patterns))]
-    let CachedPlan::Host(plans) = &*plans else {
-        unreachable!("the CPU's cache holds host plans")
-    };
     let inverse = matches!(direction, Direction::Inverse | Direction::RealInverse);
     for (d, plan) in plans.iter().enumerate() {
         along(values, shape, shape.len() - dims + d, plan, inverse)?;
@@ -579,9 +537,8 @@ fn transform(
 }
 
 fn complex(op: &'static str, x: &Tensor, dims: usize, direction: Direction) -> Result<Tensor> {
-    match place(op, x)? {
+    match place(x)? {
         Place::Host => {}
-        #[cfg(feature = "cuda")]
         Place::Cuda(ordinal) => {
             check_complex(op, x, dims)?;
             let s = x.shape();
@@ -618,7 +575,7 @@ pub fn ifft2(x: &Tensor) -> Result<Tensor> {
 /// The DFT of a real `[..., n]` tensor: its first `n / 2 + 1` coefficients as a complex
 /// `[..., n / 2 + 1, 2]` tensor (the rest follow by symmetry).
 pub fn rfft(x: &Tensor) -> Result<Tensor> {
-    let place = place("rfft", x)?;
+    let place = place(x)?;
     float("rfft", x)?;
     let Some(&n) = x.shape().last() else {
         return Err(fft_error(
@@ -629,7 +586,6 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
     check_lengths("rfft", &[n])?;
     match place {
         Place::Host => {}
-        #[cfg(feature = "cuda")]
         Place::Cuda(ordinal) => {
             let mut out_shape = x.shape().to_vec();
             *out_shape.last_mut().expect("rank checked") = n / 2 + 1;
@@ -654,7 +610,7 @@ pub fn rfft(x: &Tensor) -> Result<Tensor> {
 /// The real signal of length `n` (default `2 (m - 1)`) whose DFT starts with the complex
 /// `[..., m, 2]` half-spectrum `x`, as a real `[..., n]` tensor (divided by n).
 pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
-    let place = place("irfft", x)?;
+    let place = place(x)?;
     let values = complex_values("irfft", x, 1)?;
     let shape = &x.shape()[..x.shape().len() - 1];
     let m = *shape.last().expect("rank checked");
@@ -689,7 +645,6 @@ pub fn irfft(x: &Tensor, n: Option<usize>) -> Result<Tensor> {
     }
     match place {
         Place::Host => {}
-        #[cfg(feature = "cuda")]
         Place::Cuda(ordinal) => {
             // cuFFT's C2R reads n / 2 + 1 coefficients and overwrites them: hand it the
             // half-spectrum prepared above (trimmed or zero-padded, edge imaginary parts 0).

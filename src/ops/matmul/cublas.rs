@@ -11,17 +11,19 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::driver::DevicePtr;
 use half::f16;
 
-use super::Problem;
+use super::blas::BlasBackend;
+use super::{Problem, shapes};
 use crate::core::precision::matmul as flags;
 use crate::core::tensor::Tensor;
+use crate::core::trace::{self, Call};
 use crate::runtime::cuda::device::CudaDevice;
-use crate::runtime::cuda::launch::int_arg;
+use crate::runtime::cuda::int_arg;
 use crate::runtime::cuda::memory::CudaBuffer;
 use crate::{DType, Error, Fp32Precision, Result};
 
 /// Which vendor library serves a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Vendor {
+enum Vendor {
     /// cuBLAS.
     Cublas,
     /// cuBLASLt.
@@ -30,7 +32,7 @@ pub(super) enum Vendor {
 
 impl Vendor {
     /// The library's name in traces.
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Vendor::Cublas => "cublas",
             Vendor::CublasLt => "cublaslt",
@@ -48,6 +50,49 @@ impl Vendor {
             Vendor::CublasLt => *CUBLASLT.get_or_init(|| unsafe { lt::is_culib_present() }),
         }
     }
+}
+
+/// Who serves a product after [`preferred`].
+pub(super) enum Served {
+    /// The vendor library ran it.
+    Vendor,
+    /// The generated kernels are to run it; why the preferred vendor library did not (for
+    /// the trace), `None` when none was preferred.
+    Generated(Option<String>),
+}
+
+/// Runs the product on the preferred library when it is a vendor one that loads and takes
+/// the operands.
+pub(super) fn preferred(
+    library: BlasBackend,
+    ordinal: usize,
+    (a, b): (&Tensor, &Tensor),
+    p: &Problem,
+    out: &CudaBuffer,
+) -> Result<Served> {
+    let vendor = match library {
+        BlasBackend::Cublas => Vendor::Cublas,
+        BlasBackend::Cublaslt => Vendor::CublasLt,
+        BlasBackend::Default | BlasBackend::Ck => return Ok(Served::Generated(None)),
+    };
+    let problem = if takes(p) {
+        why_unusable(vendor, ordinal)
+    } else {
+        Some("the vendor BLAS needs unit-stride operands".to_string())
+    };
+    if problem.is_some() {
+        return Ok(Served::Generated(problem));
+    }
+    let dtype = a.dtype();
+    let describe = || Call {
+        kernel: format!("{}_gemm_{dtype}", vendor.name()),
+        backend: format!("cuda:{ordinal}/{}", vendor.name()),
+        dtype,
+        shapes: shapes(a, b),
+        precision: note(dtype),
+    };
+    trace::kernel(describe, || gemm(vendor, ordinal, a, b, p, out))?;
+    Ok(Served::Vendor)
 }
 
 /// cuBLASLt's workspace per device: what its heuristic may use (PyTorch's default size).
@@ -74,7 +119,7 @@ unsafe impl Send for Handles {}
 struct DeviceHandles(Mutex<Handles>);
 
 /// Why `vendor` cannot serve products on device `ordinal`, or `None` when it can.
-pub(super) fn why_unusable(vendor: Vendor, ordinal: usize) -> Option<String> {
+fn why_unusable(vendor: Vendor, ordinal: usize) -> Option<String> {
     if !vendor.present() {
         return Some(format!("{} is not loadable here", vendor.name()));
     }
@@ -131,7 +176,7 @@ fn math(dtype: DType) -> Math {
 }
 
 /// What the vendor call does for `dtype`, for the trace.
-pub(super) fn note(dtype: DType) -> String {
+fn note(dtype: DType) -> String {
     let m = math(dtype);
     let what = match m.compute {
         Compute::F32 if dtype == DType::F32 => "ieee fp32 compute",
@@ -197,7 +242,7 @@ fn layout(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<(bool, usize
 
 /// Whether the vendor libraries take these operand views (a unit stride each, leading
 /// dimensions in range).
-pub(super) fn takes(p: &Problem) -> bool {
+fn takes(p: &Problem) -> bool {
     layout(p.m, p.k, p.a[1], p.a[2]).is_some() && layout(p.k, p.n, p.b[1], p.b[2]).is_some()
 }
 
@@ -235,7 +280,7 @@ fn operands(p: &Problem) -> Result<Operands> {
 
 /// `out = a · b` through `vendor` on device `ordinal` (`out` holds batch x M x N elements).
 /// The caller checked [`why_unusable`] and [`takes`].
-pub(super) fn gemm(
+fn gemm(
     vendor: Vendor,
     ordinal: usize,
     a: &Tensor,

@@ -7,11 +7,12 @@
 //! kernels: a size rule for handing products to the vendor needs GPU measurements, which
 //! `scripts/device-check.sh` takes (generated vs cuBLAS, side by side).
 
-use super::blas::{BlasBackend, preferred_blas_library};
-use super::{Problem, cublas, shapes};
+use super::blas::preferred_blas_library;
+use super::{Problem, shapes};
 use crate::core::precision::matmul as flags;
-use crate::runtime::cuda::launch::{Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{grid_dim, int_arg, long_arg};
 
 use crate::core::tensor::{Storage, Tensor};
 use crate::core::trace::{self, Call};
@@ -108,29 +109,14 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
     let library = preferred_blas_library(None);
     // `default` runs the generated kernels: which sizes a vendor library should take instead
     // is for the device check's side-by-side table to show, not to guess (module docs).
-    let vendor = match library {
-        BlasBackend::Cublas => Some(cublas::Vendor::Cublas),
-        BlasBackend::Cublaslt => Some(cublas::Vendor::CublasLt),
-        BlasBackend::Default | BlasBackend::Ck => None,
+    #[cfg(feature = "cuda")]
+    let vendor_problem = match super::cublas::preferred(library, ordinal, (a, b), p, &out)? {
+        super::cublas::Served::Vendor => return Ok(output(out)),
+        super::cublas::Served::Generated(why) => why,
     };
-    let vendor_problem = vendor.and_then(|v| {
-        if cublas::takes(p) {
-            cublas::why_unusable(v, ordinal)
-        } else {
-            Some("the vendor BLAS needs unit-stride operands".to_string())
-        }
-    });
-    if let (Some(vendor), None) = (vendor, &vendor_problem) {
-        let describe = || Call {
-            kernel: format!("{}_gemm_{dtype}", vendor.name()),
-            backend: format!("cuda:{ordinal}/{}", vendor.name()),
-            dtype,
-            shapes: shapes(a, b),
-            precision: cublas::note(dtype),
-        };
-        trace::kernel(describe, || cublas::gemm(vendor, ordinal, a, b, p, &out))?;
-        return Ok(output(out));
-    }
+    // (Unreached without `cuda`: no CUDA buffer exists there.)
+    #[cfg(not(feature = "cuda"))]
+    let vendor_problem: Option<String> = None;
     let note = match vendor_problem {
         Some(why) => format!("{note} ({library} preferred, not used: {why})"),
         None => note,

@@ -18,7 +18,6 @@
 pub mod blas;
 #[cfg(feature = "cuda")]
 mod cublas;
-#[cfg(feature = "cuda")]
 mod cuda;
 
 use half::{bf16, f16};
@@ -195,13 +194,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     match a.device() {
         Device::Cpu => cpu(a, b, &p),
         Device::Wgpu(index) => wgpu(index, a, b, &p),
-        #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(Error::Unavailable {
-            what: "CUDA matmul",
-            why: "this build has no CUDA support: build with the `cuda` feature".into(),
-        }),
     }
 }
 

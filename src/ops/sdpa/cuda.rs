@@ -8,8 +8,9 @@ use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::attention::Shape;
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
-use crate::runtime::cuda::launch::{Kernel, grid_dim, int_arg, long_arg};
+use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{grid_dim, int_arg, long_arg};
 use crate::{DType, Device, Error, Result};
 
 const OP: &str = "scaled_dot_product_attention on CUDA";

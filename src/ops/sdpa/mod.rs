@@ -18,7 +18,6 @@
 
 pub mod backend;
 mod cpu;
-#[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cudnn;
@@ -248,7 +247,6 @@ pub fn sdpa(
                 wgpu::wgpu_fused(index, backend, pin.and_then(|p| p.entry()), &job)
             })
         }
-        #[cfg(feature = "cuda")]
         (Device::Cuda(ordinal), SdpBackend::Flash | SdpBackend::MemEfficient) => {
             trace::kernel(describe(&cuda::note(backend, query.dtype())), || {
                 cuda::fused(ordinal, backend, pin.and_then(|p| p.entry()), &job)

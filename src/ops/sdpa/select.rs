@@ -51,7 +51,7 @@ impl DeviceCaps {
                 shader_f16: false,
                 // The interpreted device runs no vendor library.
                 cudnn_version: crate::runtime::cuda::cudnn_version()
-                    .filter(|_| !crate::runtime::cuda::driver::state().interpreted),
+                    .filter(|_| !crate::runtime::cuda::is_interpreted()),
             },
             Device::Wgpu(i) => {
                 let adapter = crate::runtime::wgpu::adapters::list().get(i);

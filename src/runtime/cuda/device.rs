@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::driver::{CudaContext, CudaModule, CudaStream};
 
-use crate::kernels::Family;
+use crate::kernels::{Family, ModuleImage};
 use crate::{Error, Result};
 
 /// A CUDA device: its backend, loaded modules and per-device state.
@@ -76,7 +76,7 @@ impl CudaDevice {
         if let Some(device) = devices.get(&ordinal) {
             return Ok(device);
         }
-        let backend = if super::driver::state().interpreted {
+        let backend = if super::is_interpreted() {
             Backend::Interpreter(Interpreter {
                 memory: Mutex::default(),
                 modules: Mutex::default(),
@@ -116,7 +116,7 @@ impl CudaDevice {
                     "cuda:{} is the PTX interpreter ({}=1): vendor libraries (cuBLAS, cuDNN, \
                      cuFFT) and driver streams do not run on it",
                     self.ordinal,
-                    super::driver::INTERPRET_ENV
+                    super::INTERPRET_ENV
                 ),
             }),
         }
@@ -154,16 +154,83 @@ impl CudaDevice {
         }
     }
 
-    /// The driver module of `family`, loaded on first use (see [`super::loader::load`]).
+    /// The driver module of `family`, loaded on first use: the image
+    /// [`crate::kernels::image_for`] picks (cubin, PTX once the driver is known to accept
+    /// its ISA version, or NVRTC's PTX).
     pub(crate) fn module(&self, family: Family) -> Result<Arc<CudaModule>> {
         let context = self.context()?;
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(module) = modules.get(&family) {
             return Ok(module.clone());
         }
-        let module = super::loader::load(context, self.ordinal, family)?;
+        let image = crate::kernels::image_for(family, self.sm())?;
+        crate::core::verbose::creation_event(|| {
+            format!("load module {family} on cuda:{} ({image})", self.ordinal)
+        });
+        let code = match image {
+            ModuleImage::Cubin { bytes, .. } => cudarc::nvrtc::Ptx::from_binary(bytes.to_vec()),
+            ModuleImage::Ptx { text, .. } => {
+                if let Some(driver) = super::driver_version() {
+                    super::loader::check_ptx_version(&text, driver)?;
+                }
+                cudarc::nvrtc::Ptx::from_src(text.into_owned())
+            }
+        };
+        let module = context.load_module(code).map_err(|e| Error::Driver {
+            call: "cuModuleLoadData",
+            detail: format!("{e:?}"),
+        })?;
         modules.insert(family, module.clone());
         Ok(module)
+    }
+
+    /// The compute capability as one number (90 for sm_90).
+    fn sm(&self) -> u32 {
+        let (major, minor) = super::get_device_capability(self.ordinal).unwrap_or((0, 0));
+        major * 10 + minor
+    }
+
+    /// Loads (or parses, on the interpreter) every module the device can run and resolves
+    /// each kernel in it; how many resolved (see [`super::loader::check_modules`]).
+    pub(crate) fn check_modules(&self) -> Result<usize> {
+        let sm = self.sm();
+        let mut resolved = 0;
+        for family in Family::ALL {
+            let names: Vec<&str> = crate::kernels::ENTRIES
+                .iter()
+                .filter(|e| e.key.family() == family)
+                .filter(|e| e.cuda.as_ref().is_some_and(|c| c.min_sm <= sm))
+                .map(|e| e.name)
+                .collect();
+            if names.is_empty() {
+                continue;
+            }
+            let missing = |name: &str, why: String| Error::Driver {
+                call: "resolving a kernel",
+                detail: format!("{name} in the {family} module for sm_{sm}: {why}"),
+            };
+            match self.interpreter() {
+                Some(interpreter) => {
+                    let module = interpreter.module(family, sm)?;
+                    for name in names {
+                        module
+                            .kernel(name)
+                            .ok_or_else(|| missing(name, "not in the PTX".into()))?;
+                        resolved += 1;
+                    }
+                }
+                None => {
+                    let module = self.module(family)?;
+                    for name in names {
+                        module
+                            .load_function(name)
+                            .map_err(|e| missing(name, format!("{e:?}")))?;
+                        resolved += 1;
+                    }
+                }
+            }
+        }
+        Ok(resolved)
     }
 
     /// The device's state of type `T` (an op's or a vendor library's: its handles, its

@@ -1,46 +1,9 @@
-//! What the CUDA driver reports, probed once through cudarc's dynamically loaded driver API.
+//! What the CUDA driver reports, probed once through cudarc's dynamically loaded driver API
+//! (or the interpreted device, where it is asked for).
 
-use std::sync::OnceLock;
-
-/// One CUDA device as the driver describes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceProperties {
-    /// The marketing name, e.g. `NVIDIA H200`.
-    pub name: String,
-    /// Compute capability major version (8 for sm_80).
-    pub major: u32,
-    /// Compute capability minor version.
-    pub minor: u32,
-    /// Streaming multiprocessors.
-    pub multi_processor_count: u32,
-    /// Global memory in bytes.
-    pub total_memory: u64,
-}
-
-/// The driver's answer, or why there is none.
-#[derive(Debug, Default)]
-pub(crate) struct DriverState {
-    /// `cuDriverGetVersion`, e.g. 12090 for CUDA 12.9.
-    pub version: Option<u32>,
-    pub devices: Vec<DeviceProperties>,
-    /// Why no device can be used, when none can.
-    pub problem: Option<String>,
-    /// The devices are the PTX interpreter's (`BACKENDS_CUDA_INTERPRET=1`), not the driver's.
-    pub interpreted: bool,
-}
-
-/// The variable that makes `cuda:0` the PTX interpreter.
-#[cfg(feature = "cuda")]
-pub const INTERPRET_ENV: &str = "BACKENDS_CUDA_INTERPRET";
-/// The compute capability the interpreter reports (`90` or `sm_90`; 90 by default).
-#[cfg(feature = "cuda")]
-pub const INTERPRET_ARCH_ENV: &str = "BACKENDS_CUDA_INTERPRET_ARCH";
-/// Set, the interpreter prints each launch's counters.
-#[cfg(feature = "cuda")]
-pub const INTERPRET_STATS_ENV: &str = "BACKENDS_CUDA_INTERPRET_STATS";
+use super::{DeviceProperties, DriverState, INTERPRET_ARCH_ENV, INTERPRET_ENV};
 
 /// One interpreted device, where `BACKENDS_CUDA_INTERPRET=1` asks for it.
-#[cfg(feature = "cuda")]
 fn interpreted() -> Option<DriverState> {
     if std::env::var(INTERPRET_ENV).ok()?.trim() != "1" {
         return None;
@@ -64,13 +27,8 @@ fn interpreted() -> Option<DriverState> {
     })
 }
 
-pub(crate) fn state() -> &'static DriverState {
-    static STATE: OnceLock<DriverState> = OnceLock::new();
-    STATE.get_or_init(probe)
-}
-
-#[cfg(feature = "cuda")]
-fn probe() -> DriverState {
+/// What the driver reports, or the interpreted device.
+pub(crate) fn probe() -> DriverState {
     use cudarc::driver::{result, sys};
 
     if let Some(state) = interpreted() {
@@ -111,7 +69,6 @@ fn probe() -> DriverState {
     }
 }
 
-#[cfg(feature = "cuda")]
 fn describe(ordinal: i32) -> Option<DeviceProperties> {
     use cudarc::driver::result::device;
     use cudarc::driver::sys::CUdevice_attribute as Attr;
@@ -131,12 +88,4 @@ fn describe(ordinal: i32) -> Option<DeviceProperties> {
         // SAFETY: as above.
         total_memory: unsafe { device::total_mem(dev) }.ok()? as u64,
     })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn probe() -> DriverState {
-    DriverState {
-        problem: Some("this build has no CUDA support: build with the `cuda` feature".into()),
-        ..DriverState::default()
-    }
 }

@@ -221,7 +221,7 @@ impl Kernel {
                         call: "the PTX interpreter",
                         detail: format!("the PTX has no entry {}", self.entry.name),
                     })?;
-                let counters = std::env::var_os(super::driver::INTERPRET_STATS_ENV).is_some();
+                let counters = std::env::var_os(super::INTERPRET_STATS_ENV).is_some();
                 let launch = backends_ptx::Launch {
                     grid: [grid.0, grid.1, grid.2],
                     block: [x, y, z],
@@ -246,25 +246,4 @@ impl Kernel {
             _ => unreachable!("arguments are built by the kernel's own `args`"),
         }
     }
-}
-
-/// A grid dimension as the driver takes it.
-pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
-    u32::try_from(blocks).map_err(|_| Error::ShapeMismatch {
-        op,
-        detail: format!("{blocks} blocks exceed the CUDA grid; split the call"),
-    })
-}
-
-/// An `int` kernel argument.
-pub(crate) fn int_arg(op: &'static str, value: usize) -> Result<i32> {
-    i32::try_from(value).map_err(|_| Error::ShapeMismatch {
-        op,
-        detail: format!("{value} exceeds a 32-bit kernel argument; split the call"),
-    })
-}
-
-/// A `long long` kernel argument.
-pub(crate) fn long_arg(value: usize) -> i64 {
-    i64::try_from(value).expect("a buffer index fits in 63 bits")
 }

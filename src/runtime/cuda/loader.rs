@@ -1,12 +1,7 @@
-//! Loading kernel modules onto a CUDA device: the PTX of a family for the device's
-//! architecture, once the driver is known to accept its ISA version.
+//! Which module image a CUDA device loads: the cubin of its arch, else the PTX of its tier,
+//! else PTX compiled by NVRTC ([`crate::kernels::image_for`]); the PTX ISA versions drivers
+//! accept, and the check that a module's PTX is not newer than the driver in use.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaModule};
-
-use super::device::CudaDevice;
-use crate::kernels::{self, Family};
 use crate::{Error, Result};
 
 /// The newest PTX ISA a driver of CUDA version `driver` (`major * 1000 + minor * 10`) accepts,
@@ -23,14 +18,7 @@ pub fn max_ptx_isa(driver: u32) -> (u32, u32) {
     }
 }
 
-/// The `.version` line of a PTX text, as `(major, minor)`.
-pub fn ptx_isa(ptx: &str) -> Option<(u32, u32)> {
-    let line = ptx
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(".version"))?;
-    let (major, minor) = line.trim().split_once('.')?;
-    Some((major.parse().ok()?, minor.trim().parse().ok()?))
-}
+pub use crate::kernels::ptx_isa;
 
 /// Checks that a driver of version `driver` can load `ptx`.
 pub fn check_ptx_version(ptx: &str, driver: u32) -> Result<()> {
@@ -47,30 +35,29 @@ pub fn check_ptx_version(ptx: &str, driver: u32) -> Result<()> {
     })
 }
 
-/// The module of `family` on device `ordinal` (see [`CudaDevice::module`]).
-pub fn module(ordinal: usize, family: Family) -> Result<Arc<CudaModule>> {
-    CudaDevice::get(ordinal)?.module(family)
+/// Loads every kernel module device `ordinal` can run and resolves each of its kernels
+/// (what a first launch would do), returning how many kernels resolved: a check that the
+/// shipped images load on this driver and device.
+pub fn check_modules(ordinal: usize) -> Result<usize> {
+    super::device::CudaDevice::get(ordinal)?.check_modules()
 }
 
-/// Loads the module of `family` into `context` (device `ordinal`): its PTX for the device's
-/// architecture, once the driver's PTX ISA is checked.
-pub(super) fn load(
-    context: &Arc<CudaContext>,
-    ordinal: usize,
-    family: Family,
-) -> Result<Arc<CudaModule>> {
-    let (major, minor) = super::get_device_capability(ordinal).unwrap_or((0, 0));
-    let ptx = kernels::ptx_for(family, major * 10 + minor)?;
-    if let Some(driver) = super::driver_version() {
-        check_ptx_version(&ptx, driver)?;
-    }
-    crate::core::verbose::creation_event(|| format!("load module {family} on cuda:{ordinal}"));
-    context
-        .load_module(cudarc::nvrtc::Ptx::from_src(ptx.into_owned()))
-        .map_err(|e| Error::Driver {
-            call: "cuModuleLoadData",
-            detail: format!("{e:?}"),
+/// The image each kernel family would load on device `ordinal` (e.g. `cubin sm_90`,
+/// `PTX compute_80`), or why none would, without loading anything.
+pub fn images(ordinal: usize) -> Vec<(crate::kernels::Family, String)> {
+    let Some((major, minor)) = super::get_device_capability(ordinal) else {
+        return Vec::new();
+    };
+    crate::kernels::Family::ALL
+        .into_iter()
+        .map(|family| {
+            let image = crate::kernels::image_for(family, major * 10 + minor);
+            (
+                family,
+                image.map_or_else(|e| e.to_string(), |i| i.to_string()),
+            )
         })
+        .collect()
 }
 
 #[cfg(test)]
@@ -100,7 +87,7 @@ mod tests {
     #[test]
     fn no_device_is_an_error_not_a_panic() {
         if super::super::device_count() == 0 {
-            let err = module(0, Family::Gemm).unwrap_err();
+            let err = check_modules(0).unwrap_err();
             assert!(matches!(err, Error::Unavailable { .. }), "{err}");
         }
     }

@@ -1,23 +1,77 @@
 //! CUDA through cudarc's dynamically loaded driver API: the devices the driver reports
 //! (`driver.rs`), one [`device::CudaDevice`] per device that owns its context, stream,
-//! loaded modules and per-device library state (`device.rs`), module loading (`loader.rs`),
-//! memory (`memory.rs`) and kernel launches (`launch.rs`). Nothing links against CUDA: without a driver the queries answer 0 / `None`.
+//! loaded modules and per-device library state (`device.rs`), the choice of module image
+//! (`loader.rs`), memory (`memory.rs`) and kernel launches (`launch.rs`). Nothing links
+//! against CUDA: without a driver the queries answer 0 / `None`.
+//!
+//! Builds without the `cuda` feature compile `stub.rs` in place of the device, driver,
+//! memory and launch files: the same API over types that have no values, whose one way in
+//! (opening a device) fails with the reason. The ops' CUDA paths compile unchanged in both
+//! builds; only the vendor-library bindings (cuBLAS, cuDNN, cuFFT) are feature-gated.
 
 #[cfg(feature = "cuda")]
 pub(crate) mod device;
-pub(crate) mod driver;
+#[cfg(feature = "cuda")]
+mod driver;
 #[cfg(feature = "cuda")]
 pub(crate) mod launch;
-#[cfg(feature = "cuda")]
 pub mod loader;
 #[cfg(feature = "cuda")]
 pub(crate) mod memory;
-
-pub use driver::DeviceProperties;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+#[cfg(not(feature = "cuda"))]
+pub(crate) use stub::{device, driver, launch, memory};
 
 use std::sync::OnceLock;
 
 use crate::runtime::dylib::{self, Loaded};
+use crate::{Error, Result};
+
+/// One CUDA device as the driver describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// The marketing name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability major version (8 for sm_80).
+    pub major: u32,
+    /// Compute capability minor version.
+    pub minor: u32,
+    /// Streaming multiprocessors.
+    pub multi_processor_count: u32,
+    /// Global memory in bytes.
+    pub total_memory: u64,
+}
+
+/// The driver's answer, or why there is none.
+#[derive(Debug, Default)]
+pub(crate) struct DriverState {
+    /// `cuDriverGetVersion`, e.g. 12090 for CUDA 12.9.
+    pub version: Option<u32>,
+    pub devices: Vec<DeviceProperties>,
+    /// Why no device can be used, when none can.
+    pub problem: Option<String>,
+    /// The devices are the PTX interpreter's (`BACKENDS_CUDA_INTERPRET=1`), not the driver's.
+    pub interpreted: bool,
+}
+
+/// The variable that makes `cuda:0` the PTX interpreter.
+pub const INTERPRET_ENV: &str = "BACKENDS_CUDA_INTERPRET";
+/// The compute capability the interpreter reports (`90` or `sm_90`; 90 by default).
+pub const INTERPRET_ARCH_ENV: &str = "BACKENDS_CUDA_INTERPRET_ARCH";
+/// Set, the interpreter prints each launch's counters.
+pub const INTERPRET_STATS_ENV: &str = "BACKENDS_CUDA_INTERPRET_STATS";
+
+/// What the driver reported, probed once.
+pub(crate) fn state() -> &'static DriverState {
+    static STATE: OnceLock<DriverState> = OnceLock::new();
+    STATE.get_or_init(driver::probe)
+}
+
+/// Whether the devices are the PTX interpreter's (`BACKENDS_CUDA_INTERPRET=1`).
+pub(crate) fn is_interpreted() -> bool {
+    state().interpreted
+}
 
 /// Whether CUDA can run here now: the driver loads and reports at least one device.
 pub fn is_available() -> bool {
@@ -26,22 +80,22 @@ pub fn is_available() -> bool {
 
 /// The number of CUDA devices the driver reports (0 without a driver).
 pub fn device_count() -> usize {
-    driver::state().devices.len()
+    state().devices.len()
 }
 
 /// The driver's CUDA version as `major * 1000 + minor * 10` (12090 is 12.9), if a driver loads.
 pub fn driver_version() -> Option<u32> {
-    driver::state().version
+    state().version
 }
 
 /// Why CUDA is not available here, or `None` when it is.
 pub fn unavailable_reason() -> Option<&'static str> {
-    driver::state().problem.as_deref()
+    state().problem.as_deref()
 }
 
 /// The properties of device `ordinal`, if there is such a device.
 pub fn get_device_properties(ordinal: usize) -> Option<&'static DeviceProperties> {
-    driver::state().devices.get(ordinal)
+    state().devices.get(ordinal)
 }
 
 /// The compute capability `(major, minor)` of device `ordinal`.
@@ -69,4 +123,25 @@ pub fn cudnn_version() -> Option<u32> {
         unsafe { lib.lib.get(b"cudnnGetVersion\0") }.ok()?;
     // SAFETY: the symbol has the signature above.
     u32::try_from(unsafe { get() }).ok()
+}
+
+/// A grid dimension as the driver takes it.
+pub(crate) fn grid_dim(op: &'static str, blocks: usize) -> Result<u32> {
+    u32::try_from(blocks).map_err(|_| Error::ShapeMismatch {
+        op,
+        detail: format!("{blocks} blocks exceed the CUDA grid; split the call"),
+    })
+}
+
+/// An `int` kernel argument.
+pub(crate) fn int_arg(op: &'static str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::ShapeMismatch {
+        op,
+        detail: format!("{value} exceeds a 32-bit kernel argument; split the call"),
+    })
+}
+
+/// A `long long` kernel argument.
+pub(crate) fn long_arg(value: usize) -> i64 {
+    i64::try_from(value).expect("a buffer index fits in 63 bits")
 }

@@ -1,0 +1,179 @@
+//! The SIMD vocabulary of the CPU kernels: [`Vector`], one register of `f32` lanes with the
+//! operations the GEMM micro-kernels and the fused attention block are written in, for
+//! AVX-512 (`__m512`) and AVX2 (`__m256`). A kernel body is written once, generic over
+//! `V: Vector`, and compiled per instruction set inside a `#[target_feature]` function that
+//! a capability token ([`crate::runtime::cpu::Avx512Token`], [`crate::runtime::cpu::Avx2Token`])
+//! makes safe to call.
+
+use std::arch::x86_64::*;
+
+/// One register of `LANES` floats and its operations. Every method is unsafe: the CPU must
+/// have the vector's instruction set, and pointers must be valid for the lanes they touch.
+pub(crate) trait Vector: Copy {
+    /// Floats per register.
+    const LANES: usize;
+    /// Every lane `x`.
+    unsafe fn splat(x: f32) -> Self;
+    /// `LANES` floats from `at` (unaligned).
+    unsafe fn load(at: *const f32) -> Self;
+    /// The lanes to `at` (unaligned).
+    unsafe fn store(self, at: *mut f32);
+    /// Stores lanes `0..n` only.
+    unsafe fn store_first(self, at: *mut f32, n: usize);
+    /// `a·b + c`, fused.
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    /// `a·b`.
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    /// `a + b`.
+    unsafe fn add(a: Self, b: Self) -> Self;
+    /// The lane-wise maximum.
+    unsafe fn max(a: Self, b: Self) -> Self;
+    /// `base[l·stride]` in lanes `l < n`, 0 in the others (64-bit offsets: any stride).
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self;
+}
+
+/// Asks for the cache line of `at` in L1. No safety condition: a prefetch never faults,
+/// whatever the address (it is only computed, never read).
+#[inline(always)]
+pub(crate) fn prefetch_l1(at: *const f32) {
+    // SAFETY: `prefetcht0` is SSE (x86-64's baseline) and does not fault on any address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(at.cast()) }
+}
+
+// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+// has AVX-512F and DQ, pointers are valid for the lanes touched).
+#[allow(unsafe_op_in_unsafe_fn)]
+impl Vector for __m512 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        _mm512_loadu_ps(at)
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32) {
+        _mm512_storeu_ps(at, self)
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, at: *mut f32, n: usize) {
+        _mm512_mask_storeu_ps(at, first_lanes16(n), self)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        _mm512_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+        let stride = _mm512_set1_epi64(stride as i64);
+        let low_offsets = _mm512_mullo_epi64(_mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), stride);
+        let high_offsets =
+            _mm512_mullo_epi64(_mm512_setr_epi64(8, 9, 10, 11, 12, 13, 14, 15), stride);
+        let real = first_lanes16(n);
+        let low = _mm512_mask_i64gather_ps::<4>(
+            _mm256_setzero_ps(),
+            real as __mmask8,
+            low_offsets,
+            base.cast(),
+        );
+        let high = _mm512_mask_i64gather_ps::<4>(
+            _mm256_setzero_ps(),
+            (real >> 8) as __mmask8,
+            high_offsets,
+            base.cast(),
+        );
+        _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+    }
+}
+
+/// The mask of lanes `0..n` of 16.
+#[inline(always)]
+pub(crate) fn first_lanes16(n: usize) -> __mmask16 {
+    ((1u32 << n.min(16)) - 1) as __mmask16
+}
+
+// SAFETY (every method): one or a few intrinsics under the trait's contract (the CPU
+// has AVX2 and FMA, pointers are valid for the lanes touched).
+#[allow(unsafe_op_in_unsafe_fn)]
+impl Vector for __m256 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        _mm256_loadu_ps(at)
+    }
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32) {
+        _mm256_storeu_ps(at, self)
+    }
+    #[inline(always)]
+    unsafe fn store_first(self, at: *mut f32, n: usize) {
+        _mm256_maskstore_ps(at, first_lanes8(n), self)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        _mm256_max_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self {
+        let stride = stride as i64;
+        let low_offsets = _mm256_setr_epi64x(0, stride, 2 * stride, 3 * stride);
+        let high_offsets = _mm256_setr_epi64x(4 * stride, 5 * stride, 6 * stride, 7 * stride);
+        let real = _mm256_castsi256_ps(first_lanes8(n));
+        let low = _mm256_mask_i64gather_ps::<4>(
+            _mm_setzero_ps(),
+            base,
+            low_offsets,
+            _mm256_castps256_ps128(real),
+        );
+        let high = _mm256_mask_i64gather_ps::<4>(
+            _mm_setzero_ps(),
+            base,
+            high_offsets,
+            _mm256_extractf128_ps::<1>(real),
+        );
+        _mm256_set_m128(high, low)
+    }
+}
+
+/// All-ones in 32-bit lanes `0..n` of 8.
+///
+/// # Safety
+/// The CPU has AVX2 (`vpcmpgtd` on 256 bits).
+#[inline(always)]
+pub(crate) unsafe fn first_lanes8(n: usize) -> __m256i {
+    // SAFETY: register work; the caller's CPU has AVX2.
+    unsafe {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), lane)
+    }
+}
