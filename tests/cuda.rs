@@ -145,9 +145,18 @@ fn split_k_reduction_follows_the_reduced_precision_flags_and_is_deterministic() 
         let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
         let got = matmul(&a, &b).unwrap().to_f64().unwrap();
         let lines = capture.take();
+        let splits = lines
+            .iter()
+            .find_map(|l| l.split("split-K x").nth(1))
+            .and_then(|rest| {
+                rest.split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            });
         assert!(
-            lines.iter().any(|l| l.contains("split-K")),
-            "the trace names the split: {lines:?}"
+            splits.is_some_and(|s| s >= 2),
+            "the trace names a split of K: {lines:?}"
         );
         got
     };
@@ -542,6 +551,81 @@ fn cufft_transforms_match_the_host_ones_and_use_the_device_plan_cache() {
         fft::fft(&half),
         Err(backends::Error::DTypeMismatch { .. })
     ));
+}
+
+/// Runs test `name` of this file in a child on the PTX interpreter posing as `arch`; whether
+/// it passed, with its output.
+fn on_interpreted_arch(name: &str, arch: u32) -> (bool, String) {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture"])
+        .env("BACKENDS_CUDA_INTERPRET", "1")
+        .env("BACKENDS_CUDA_INTERPRET_ARCH", arch.to_string())
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (
+        output.status.success() && log.contains("test result: ok. 1 passed"),
+        log,
+    )
+}
+
+/// What a GPU older than the tensor-core tier runs: the SIMT kernels built for it (IEEE
+/// fp32 GEMM, memory-efficient attention in f32/f16) from its cubin (sm_75) or its tier's
+/// PTX (sm_70), and the math fallback where no built kernel serves it (flash, bf16),
+/// instead of a kernel that fails to load. Without a GPU, on the interpreter posing as a
+/// T4 and a V100.
+#[test]
+fn older_gpus_run_the_kernels_built_for_them_and_fall_back_for_the_rest() {
+    const NAME: &str = "older_gpus_run_the_kernels_built_for_them_and_fall_back_for_the_rest";
+    if cuda::device_count() == 0 {
+        if backends::kernels::cuda_code() == backends::kernels::CudaCode::None {
+            eprintln!("skipped: no CUDA kernels in this build (no PTX, no NVRTC)");
+            return;
+        }
+        for arch in [75, 70] {
+            let (ok, log) = on_interpreted_arch(NAME, arch);
+            assert!(ok, "on the interpreter as sm_{arch}:\n{log}");
+        }
+        return;
+    }
+    let (major, minor) = cuda::get_device_capability(0).unwrap();
+    let sm = major * 10 + minor;
+    if sm >= 80 {
+        eprintln!("skipped: cuda:0 is sm_{sm}; this test is for GPUs older than sm_80");
+        return;
+    }
+    let images: std::collections::HashMap<_, _> = cuda::loader::images(0).into_iter().collect();
+    let gemm_image = &images[&backends::kernels::Family::Gemm];
+    if cuda::get_device_name(0).is_some_and(|n| n.starts_with("PTX interpreter")) {
+        assert_eq!(gemm_image, "PTX compute_70 (interpreted)");
+    } else if backends::kernels::CUBIN_ARCHS_BUILT.contains(&sm) {
+        assert_eq!(gemm_image, &format!("cubin sm_{sm}"));
+    } else {
+        assert_eq!(gemm_image, "PTX compute_70");
+    }
+    assert!(
+        images[&backends::kernels::Family::FlashFwd].contains("no kernel"),
+        "{images:?}"
+    );
+    let _b = cuda::PREFERRED_BLAS.guard_scoped(BlasBackend::Default);
+    let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+    for size in [(7, 7, 7), (63, 129, 65), (8, 8, 4000)] {
+        let err = matmul_error(0, DType::F32, size);
+        assert!(err < 1e-5, "sm_{sm} ieee {size:?}: {err}");
+    }
+    for dtype in [DType::F16, DType::F32] {
+        let (err, backend) = attention_error(0, dtype, [1, 2, 2, 33, 40, 64], true, None);
+        assert_eq!(backend, SdpBackend::MemEfficient, "sm_{sm} {dtype}");
+        assert!(err < 1e-2, "sm_{sm} {dtype}: {err}");
+    }
+    // bf16 kernels need sm_80: math serves, on the host.
+    let (err, backend) = attention_error(0, DType::Bf16, [1, 2, 2, 17, 17, 64], false, None);
+    assert_eq!(backend, SdpBackend::Math, "sm_{sm} bf16");
+    assert!(err < 1e-2, "sm_{sm} bf16: {err}");
 }
 
 /// Without a GPU, every test of this file runs again on the PTX interpreter

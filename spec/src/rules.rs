@@ -232,11 +232,30 @@ mod tests {
     use crate::variants;
 
     #[test]
-    fn every_accepted_gpu_call_has_a_built_kernel() {
+    fn every_accepted_gpu_call_has_a_built_kernel_for_that_gpu() {
         let built: Vec<_> = variants::all();
-        for kind in [DeviceKind::Wgpu, DeviceKind::Cuda] {
-            let target = Target::most_capable(kind);
+        let cuda = |sm| Target {
+            sm: Some(sm),
+            ..Target::most_capable(DeviceKind::Cuda)
+        };
+        let targets = [
+            Target::most_capable(DeviceKind::Wgpu),
+            Target::most_capable(DeviceKind::Cuda),
+            // V100, T4, A100, A10, H100: each accepted call has a kernel built for its arch.
+            cuda((7, 0)),
+            cuda((7, 5)),
+            cuda((8, 0)),
+            cuda((8, 6)),
+            cuda((9, 0)),
+        ];
+        for target in targets {
+            let kind = target.kind;
             for backend in [Backend::Flash, Backend::MemEfficient] {
+                if let (Some(sm), Some(min)) = (target.sm, min_arch(backend))
+                    && sm < min
+                {
+                    continue;
+                }
                 for &elem in dtypes(backend, &target) {
                     let rule = head_dims(backend, &target, elem).expect("GPU rule");
                     for d in (1..=rule.max).filter(|d| rule.allows([*d; 3])) {
@@ -249,16 +268,35 @@ mod tests {
                             .unwrap_or_else(|| panic!("{backend:?} {elem:?} d={d}"));
                         let served = built.iter().any(|v| {
                             v.key == key
-                                && match kind {
-                                    DeviceKind::Cuda => v.cuda.is_some(),
+                                && match (kind, target.sm) {
+                                    (DeviceKind::Cuda, Some((major, minor))) => {
+                                        let sm = major * 10 + minor;
+                                        v.cuda.as_ref().is_some_and(|c| c.min_sm <= sm)
+                                            && variants::tier_for(sm).is_some()
+                                    }
                                     _ => v.wgsl.is_some(),
                                 }
                         });
-                        assert!(served, "{kind} {key:?} is accepted but not built");
+                        assert!(
+                            served,
+                            "{kind} {:?} {key:?} is accepted but not built",
+                            target.sm
+                        );
                     }
                 }
             }
         }
+        // Older than every tier: nothing fused is accepted, math serves.
+        for backend in [Backend::Flash, Backend::MemEfficient, Backend::Cudnn] {
+            assert!(
+                min_arch(backend).is_some_and(|min| min > (6, 1)),
+                "{backend:?}"
+            );
+        }
+        assert_eq!(
+            min_arch(Backend::MemEfficient).map(|(major, minor)| major * 10 + minor),
+            Some(variants::PTX_TIERS[0])
+        );
     }
 
     #[test]

@@ -19,7 +19,9 @@ fn interpreted() -> Option<DriverState> {
             name: format!("PTX interpreter (sm_{arch})"),
             major: arch / 10,
             minor: arch % 10,
-            multi_processor_count: 1,
+            // An H100/H200's count: the launchers size grids and split-K by it, so the
+            // interpreter sees the launches a large GPU gets.
+            multi_processor_count: 132,
             total_memory: 1 << 34,
         }],
         problem: None,

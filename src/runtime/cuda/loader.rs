@@ -19,6 +19,7 @@ pub fn max_ptx_isa(driver: u32) -> (u32, u32) {
 }
 
 pub use crate::kernels::ptx_isa;
+use crate::kernels::{Family, tier_for};
 
 /// Checks that a driver of version `driver` can load `ptx`.
 pub fn check_ptx_version(ptx: &str, driver: u32) -> Result<()> {
@@ -44,18 +45,24 @@ pub fn check_modules(ordinal: usize) -> Result<usize> {
 
 /// The image each kernel family would load on device `ordinal` (e.g. `cubin sm_90`,
 /// `PTX compute_80`), or why none would, without loading anything.
-pub fn images(ordinal: usize) -> Vec<(crate::kernels::Family, String)> {
+pub fn images(ordinal: usize) -> Vec<(Family, String)> {
     let Some((major, minor)) = super::get_device_capability(ordinal) else {
         return Vec::new();
     };
-    crate::kernels::Family::ALL
+    let sm = major * 10 + minor;
+    Family::ALL
         .into_iter()
         .map(|family| {
-            let image = crate::kernels::image_for(family, major * 10 + minor);
-            (
-                family,
-                image.map_or_else(|e| e.to_string(), |i| i.to_string()),
-            )
+            let image = match crate::kernels::image_for(family, sm) {
+                Err(e) => e.to_string(),
+                // The interpreter runs the tier's PTX, whatever a driver would load.
+                Ok(_) if super::is_interpreted() => format!(
+                    "PTX compute_{} (interpreted)",
+                    tier_for(sm).unwrap_or_default()
+                ),
+                Ok(image) => image.to_string(),
+            };
+            (family, image)
         })
         .collect()
 }
