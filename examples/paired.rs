@@ -4,13 +4,15 @@
 //!
 //! Lines: `gemm <f32|bf16> <n>` (a fresh `[n, n] x [n, n]` product, output allocated per
 //! call as `a @ b` does) or `sdpa <f32|bf16> <head dim> <length> <causal 0|1>` (B = 2,
-//! H = 16). Inputs are made once per distinct line.
+//! H = 16) or `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of
+//! shape `dims`, complex ones with a trailing 2 added). Inputs are made once per distinct
+//! line.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
-use backends::{DType, Device, SdpaOptions, Tensor, matmul, sdpa};
+use backends::{DType, Device, SdpaOptions, Tensor, fft, matmul, sdpa};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -18,6 +20,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 enum Work {
     Gemm(Tensor, Tensor),
     Sdpa([Tensor; 3], bool),
+    Fft(fn(&Tensor) -> backends::Result<Tensor>, Tensor),
 }
 
 /// Values in [-1, 1) without a random generator (the timing does not depend on them).
@@ -56,6 +59,19 @@ fn parse(line: &str) -> Result<Work> {
                 number(4)? == 1,
             ))
         }
+        Some(&"fft") => {
+            let mut dims: Vec<usize> = (3..words.len()).map(number).collect::<Result<_>>()?;
+            let transform: fn(&Tensor) -> backends::Result<Tensor> = match words.get(2) {
+                Some(&"fft") => fft::fft,
+                Some(&"fft2") => fft::fft2,
+                Some(&"rfft") => fft::rfft,
+                _ => return Err(bad().into()),
+            };
+            if words[2] != "rfft" {
+                dims.push(2);
+            }
+            Ok(Work::Fft(transform, filled(&dims, dtype, 1)?))
+        }
         _ => Err(bad().into()),
     }
 }
@@ -79,6 +95,7 @@ fn main() -> Result<()> {
                 };
                 drop(sdpa(q, k, v, &options)?);
             }
+            Work::Fft(transform, x) => drop(transform(x)?),
         }
         let seconds = start.elapsed().as_secs_f64();
         let mut out = stdout.lock();

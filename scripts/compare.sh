@@ -11,7 +11,8 @@
 #
 # Installs numpy (and, for the PyTorch rows, torch: a large download) into .venv/ from
 # PyPI on first use; where torch cannot be installed, those rows show ours alone.
-# Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048)
+# Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048,
+#                                       and the FFT rows of issue 21)
 #        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -104,7 +105,24 @@ def torch_sdpa(dtype, d, l, causal):
 
 works = [(f"GEMM bf16 n={n} vs oneDNN (GFLOP/s)", f"gemm bf16 {n}", 2 * n**3 / 1e9,
           lambda n=n: torch_gemm(n)) for n in gemm_sizes]
-digits = lambda name: 1 if name.startswith("GEMM") else 3
+digits = lambda name: 3 if name.startswith("SDPA") else 1
+
+def torch_fft(kind, dims):
+    if kind == "rfft":
+        x = torch.rand(*dims)
+        return lambda: torch.fft.rfft(x)
+    x = torch.rand(*dims, dtype=torch.complex64)
+    return lambda: (torch.fft.fft2 if kind == "fft2" else torch.fft.fft)(x)
+
+# FFTs, f32: 5 n log2 n FLOPs per complex transform of n points (half for real input).
+import math
+for kind, dims in (("rfft", (64, 4096)), ("fft", (64, 4096)), ("fft2", (8, 256, 256)),
+                   ("fft", (64, 4099))):
+    points = math.prod(dims[-2:]) if kind == "fft2" else dims[-1]
+    count = math.prod(dims) // points
+    flops = 5 * points * math.log2(points) * count / (2 if kind == "rfft" else 1)
+    works.append((f"FFT {kind} {list(dims)} f32 (GFLOP/s)", f"fft f32 {kind} {' '.join(map(str, dims))}",
+                  flops / 1e9, lambda k=kind, d=dims: torch_fft(k, d)))
 for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
     for d in (64, 128):
         for causal in (False, True):
@@ -142,7 +160,7 @@ PY
 while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
   case "$name" in
     peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
-    GEMM*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    GEMM*|FFT*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
     *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;
   esac
 done

@@ -98,38 +98,97 @@ fn rfft_and_irfft_match_the_direct_dft() {
     }
 }
 
+/// The 2-D DFT of each `[h, w]` complex matrix of `x` (rows, then columns), by [`dft`].
+fn dft2(x: &[f64], h: usize, w: usize, inverse: bool) -> Vec<f64> {
+    let mut expected = Vec::with_capacity(x.len());
+    for matrix in x.chunks(2 * h * w) {
+        let rows = dft(matrix, w, inverse);
+        // Columns: transpose, transform, transpose back.
+        let mut cols = vec![0.0; rows.len()];
+        for i in 0..h {
+            for j in 0..w {
+                cols[2 * (j * h + i)..2 * (j * h + i) + 2]
+                    .copy_from_slice(&rows[2 * (i * w + j)..2 * (i * w + j) + 2]);
+            }
+        }
+        let cols = dft(&cols, h, inverse);
+        let start = expected.len();
+        expected.resize(start + rows.len(), 0.0);
+        for i in 0..h {
+            for j in 0..w {
+                expected[start + 2 * (i * w + j)..start + 2 * (i * w + j) + 2]
+                    .copy_from_slice(&cols[2 * (j * h + i)..2 * (j * h + i) + 2]);
+            }
+        }
+    }
+    expected
+}
+
 #[test]
 fn fft2_matches_row_then_column_dfts() {
     let _s = serial();
-    let (h, w) = (6, 10);
-    let x = random(h * w * 2);
-    let out = fft::fft2(&tensor(&x, &[h, w, 2]))
+    // One small matrix, and a batch large enough to be spread over the threads.
+    for [b, h, w] in [[1, 6, 10], [8, 64, 80]] {
+        let x = random(b * h * w * 2);
+        let out = fft::fft2(&tensor(&x, &[b, h, w, 2]))
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        assert!(rel_err(&out, &dft2(&x, h, w, false)) < 1e-12, "{b}x{h}x{w}");
+        let back = fft::ifft2(&tensor(&out, &[b, h, w, 2]))
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        assert!(rel_err(&back, &x) < 1e-12, "{b}x{h}x{w}");
+    }
+}
+
+#[test]
+fn large_batches_spread_over_the_threads_match_in_f32_and_f64() {
+    let _s = serial();
+    // 64 Ki complex values: past the size where the batch is split over the pool.
+    let (lines, n) = (64, 1024);
+    let x = random(lines * n * 2);
+    let want = dft(&x, n, false);
+    for (dtype, bound) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        let t = Tensor::from_f64(&x, &[lines, n, 2], dtype, Device::Cpu).unwrap();
+        let rounded = t.to_f64().unwrap();
+        let want = if dtype == DType::F64 {
+            want.clone()
+        } else {
+            dft(&rounded, n, false)
+        };
+        let got = fft::fft(&t).unwrap();
+        assert_eq!(got.dtype(), dtype);
+        let err = rel_err(&got.to_f64().unwrap(), &want);
+        assert!(err < bound, "{dtype}: {err:e}");
+    }
+    // A prime length, real input: rfft equals the complex transform's first half, and
+    // irfft brings the signal back.
+    let (lines, n) = (16, 4099);
+    let real = random(lines * n);
+    let t = Tensor::from_f64(&real, &[lines, n], DType::F32, Device::Cpu).unwrap();
+    let rounded = t.to_f64().unwrap();
+    let as_complex: Vec<f64> = rounded.iter().flat_map(|&r| [r, 0.0]).collect();
+    let full = fft::fft(&tensor(&as_complex, &[lines, n, 2]))
         .unwrap()
         .to_f64()
         .unwrap();
-    let rows = dft(&x, w, false);
-    // Columns: transpose, transform, transpose back.
-    let mut cols = vec![0.0; rows.len()];
-    for i in 0..h {
-        for j in 0..w {
-            cols[2 * (j * h + i)..2 * (j * h + i) + 2]
-                .copy_from_slice(&rows[2 * (i * w + j)..2 * (i * w + j) + 2]);
-        }
-    }
-    let cols = dft(&cols, h, false);
-    let mut expected = vec![0.0; rows.len()];
-    for i in 0..h {
-        for j in 0..w {
-            expected[2 * (i * w + j)..2 * (i * w + j) + 2]
-                .copy_from_slice(&cols[2 * (j * h + i)..2 * (j * h + i) + 2]);
-        }
-    }
-    assert!(rel_err(&out, &expected) < 1e-12);
-    let back = fft::ifft2(&tensor(&out, &[h, w, 2]))
-        .unwrap()
-        .to_f64()
-        .unwrap();
-    assert!(rel_err(&back, &x) < 1e-12);
+    let half = n / 2 + 1;
+    let expected: Vec<f64> = full
+        .chunks(2 * n)
+        .flat_map(|line| line[..2 * half].to_vec())
+        .collect();
+    let spectrum = fft::rfft(&t).unwrap();
+    assert_eq!(
+        (spectrum.shape(), spectrum.dtype()),
+        (&[lines, half, 2][..], DType::F32)
+    );
+    let err = rel_err(&spectrum.to_f64().unwrap(), &expected);
+    assert!(err < 1e-5, "rfft f32 n={n}: {err:e}");
+    let back = fft::irfft(&spectrum, Some(n)).unwrap();
+    let err = rel_err(&back.to_f64().unwrap(), &rounded);
+    assert!(err < 1e-5, "irfft f32 n={n}: {err:e}");
 }
 
 #[test]

@@ -1,0 +1,319 @@
+//! The CPU's transforms, through `rustfft` (SIMD mixed-radix, Rader and Bluestein for every
+//! length) and `realfft` (real-input transforms at half the complex cost). f64 tensors
+//! are transformed in f64, every other float dtype in f32. Batches of signals are spread
+//! over the thread pool; plans live in the CPU's [`super::PlanCache`].
+
+use std::sync::Arc;
+
+use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftNum, FftPlanner};
+
+use super::{Direction, OP, PlanKey, plan_cache};
+use crate::core::tensor::host_filled;
+use crate::runtime::threads::{for_each, get_num_threads};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// Elements below which a transform runs on the calling thread alone.
+const PARALLEL_ABOVE: usize = 1 << 15;
+
+/// A float the host transforms run in, with the conversions from and to tensors.
+pub(super) trait Real: FftNum + Default + bytemuck::Pod
+where
+    Complex<Self>: bytemuck::Pod,
+{
+    /// The tensor's elements as this type (f16/bf16 widened), row-major.
+    fn load(x: &Tensor) -> Result<Vec<Self>>;
+    /// A tensor of `dtype` holding `values`.
+    fn store(values: Vec<Self>, shape: &[usize], dtype: DType) -> Result<Tensor>;
+}
+
+impl Real for f32 {
+    fn load(x: &Tensor) -> Result<Vec<f32>> {
+        match x.dtype() {
+            DType::F32 => x.to_vec::<f32>(),
+            _ => Ok(x.to_f64()?.into_iter().map(|v| v as f32).collect()),
+        }
+    }
+
+    fn store(values: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => Tensor::from_vec(values, shape, Device::Cpu),
+            _ => {
+                let wide: Vec<f64> = values.into_iter().map(f64::from).collect();
+                Tensor::from_f64(&wide, shape, dtype, Device::Cpu)
+            }
+        }
+    }
+}
+
+impl Real for f64 {
+    fn load(x: &Tensor) -> Result<Vec<f64>> {
+        x.to_f64()
+    }
+
+    fn store(values: Vec<f64>, shape: &[usize], _: DType) -> Result<Tensor> {
+        Tensor::from_vec(values, shape, Device::Cpu)
+    }
+}
+
+/// Splits `data` (whole lines of `line` elements) into one run of lines per thread, or
+/// one run where the work is small.
+fn runs<E>(data: &mut [E], line: usize) -> Vec<&mut [E]> {
+    let lines = data.len() / line.max(1);
+    let threads = if data.len() < PARALLEL_ABOVE {
+        1
+    } else {
+        get_num_threads().min(lines).max(1)
+    };
+    let per = lines.div_ceil(threads).max(1) * line.max(1);
+    data.chunks_mut(per).collect()
+}
+
+/// Runs `plan` over every line of `data` in place, spread over the pool.
+fn lines<T: Real>(plan: &Arc<dyn Fft<T>>, data: &mut [Complex<T>]) -> Result<()>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    let scratch_len = plan.get_inplace_scratch_len();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    for_each(
+        runs(data, plan.len()),
+        &|run: &mut [Complex<T>]| match host_filled(OP, scratch_len, Complex::default()) {
+            Ok(mut scratch) => plan.process_with_scratch(run, &mut scratch),
+            Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+        },
+    );
+    if failed.into_inner() {
+        return Err(Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes: (scratch_len * std::mem::size_of::<Complex<T>>()) as u64,
+            why: format!("{OP}: the scratch of a transform of {}", plan.len()),
+        });
+    }
+    Ok(())
+}
+
+/// Columns moved through the column pass at a time: 32 complex f32 are one 256-byte
+/// stretch of each row (four cache lines), read and written whole (16 and 64 measured
+/// slower on `fft2 [8, 256, 256]`).
+const COLUMN_BLOCK: usize = 32;
+
+/// Runs `plan` (length `rows`) down every column of each `rows x cols` matrix of `data`:
+/// blocks of columns are gathered into contiguous lines, transformed and scattered back;
+/// the matrices are spread over the pool.
+fn columns<T: Real>(
+    plan: &Arc<dyn Fft<T>>,
+    data: &mut [Complex<T>],
+    (rows, cols): (usize, usize),
+) -> Result<()>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    let scratch_len = plan.get_inplace_scratch_len();
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let matrices: Vec<&mut [Complex<T>]> = data.chunks_mut(rows * cols).collect();
+    for_each(matrices, &|matrix: &mut [Complex<T>]| {
+        let (Ok(mut block), Ok(mut scratch)) = (
+            host_filled(OP, COLUMN_BLOCK * rows, Complex::default()),
+            host_filled(OP, scratch_len, Complex::default()),
+        ) else {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
+        for c0 in (0..cols).step_by(COLUMN_BLOCK) {
+            let width = COLUMN_BLOCK.min(cols - c0);
+            for r in 0..rows {
+                for (c, v) in matrix[r * cols + c0..r * cols + c0 + width]
+                    .iter()
+                    .enumerate()
+                {
+                    block[c * rows + r] = *v;
+                }
+            }
+            plan.process_with_scratch(&mut block[..width * rows], &mut scratch);
+            for r in 0..rows {
+                for (c, v) in matrix[r * cols + c0..r * cols + c0 + width]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *v = block[c * rows + r];
+                }
+            }
+        }
+    });
+    if failed.into_inner() {
+        return Err(Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes: ((scratch_len + COLUMN_BLOCK * rows) * std::mem::size_of::<Complex<T>>()) as u64,
+            why: format!("{OP}: the scratch of a column transform of {rows}"),
+        });
+    }
+    Ok(())
+}
+
+/// The complex transform of the last `dims` dimensions of `x` (stored `[..., 2]`), in `T`.
+pub(super) fn complex_transform<T: Real>(
+    x: &Tensor,
+    dims: usize,
+    direction: Direction,
+) -> Result<Tensor>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    let shape = &x.shape()[..x.shape().len() - 1];
+    let sizes = shape[shape.len() - dims..].to_vec();
+    // The (real, imaginary) pairs, transformed in place as complex numbers.
+    let mut values = T::load(x)?;
+    // No signal (a batch of 0): nothing to plan, however long the other dimensions are.
+    if values.is_empty() {
+        return T::store(values, x.shape(), x.dtype());
+    }
+    let data: &mut [Complex<T>] = bytemuck::cast_slice_mut(&mut values);
+    let inverse = direction == Direction::Inverse;
+    let key = PlanKey {
+        batch: shape[..shape.len() - dims].iter().product(),
+        sizes: sizes.clone(),
+        dtype: x.dtype(),
+        direction,
+        strides: x.strides().to_vec(),
+    };
+    let plans = plan_cache(Device::Cpu)?.get(key, || {
+        crate::core::verbose::creation_event(|| format!("fft plan {sizes:?} {direction:?}"));
+        let mut planner = FftPlanner::<T>::new();
+        Ok(sizes
+            .iter()
+            .map(|&n| {
+                if inverse {
+                    planner.plan_fft_inverse(n)
+                } else {
+                    planner.plan_fft_forward(n)
+                }
+            })
+            .collect::<Vec<_>>())
+    })?;
+    // The last dimension's lines are contiguous; the one before it (2-D) is transformed
+    // down the columns of each [n, inner] matrix.
+    for (d, plan) in plans.iter().enumerate().rev() {
+        let inner: usize = sizes[d + 1..].iter().product();
+        if inner == 1 {
+            lines(plan, data)?;
+        } else {
+            columns(plan, data, (sizes[d], inner))?;
+        }
+    }
+    if inverse {
+        let norm: usize = sizes.iter().product();
+        let scale = T::one() / T::from_usize(norm).expect("a length is a float");
+        values.iter_mut().for_each(|v| *v = *v * scale);
+    }
+    T::store(values, x.shape(), x.dtype())
+}
+
+/// The first `n / 2 + 1` DFT coefficients of each length-`n` line of real `x`.
+pub(super) fn real_forward<T: Real>(x: &Tensor, n: usize) -> Result<Tensor>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    let mut data = T::load(x)?;
+    let half = n / 2 + 1;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank checked") = half;
+    shape.push(2);
+    let lines_count = data.len() / n;
+    let mut out_values = host_filled(OP, lines_count * half * 2, T::zero())?;
+    let out: &mut [Complex<T>] = bytemuck::cast_slice_mut(&mut out_values);
+    if lines_count > 0 {
+        let key = PlanKey {
+            sizes: vec![n],
+            batch: lines_count,
+            dtype: x.dtype(),
+            direction: Direction::RealForward,
+            strides: x.strides().to_vec(),
+        };
+        let plan: Arc<Arc<dyn RealToComplex<T>>> = plan_cache(Device::Cpu)?.get(key, || {
+            crate::core::verbose::creation_event(|| format!("fft plan [{n}] RealForward"));
+            Ok(RealFftPlanner::<T>::new().plan_fft_forward(n))
+        })?;
+        let work: Vec<_> = runs(&mut data, n)
+            .into_iter()
+            .zip(out.chunks_mut(runs_len(lines_count, n) * half))
+            .collect();
+        each_line(work, |(input, output)| {
+            let mut scratch = plan.make_scratch_vec();
+            for (line, spectrum) in input.chunks_exact_mut(n).zip(output.chunks_exact_mut(half)) {
+                plan.process_with_scratch(line, spectrum, &mut scratch)
+                    .expect("lengths match the plan");
+            }
+        });
+    }
+    T::store(out_values, &shape, x.dtype())
+}
+
+/// The real length-`n` signals (divided by n) of the half-spectra `half` (`n / 2 + 1`
+/// coefficients per line as (real, imaginary) pairs, edge imaginary parts 0), shaped
+/// `out_shape`.
+pub(super) fn real_inverse<T: Real>(
+    x: &Tensor,
+    half: &[f64],
+    n: usize,
+    out_shape: &[usize],
+) -> Result<Tensor>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    let mut spectra: Vec<Complex<T>> = host_filled(OP, half.len() / 2, Complex::default())?;
+    for (c, p) in spectra.iter_mut().zip(half.chunks_exact(2)) {
+        let float = |v: f64| T::from_f64(v).unwrap_or_default();
+        *c = Complex::new(float(p[0]), float(p[1]));
+    }
+    let width = n / 2 + 1;
+    let lines_count = spectra.len() / width;
+    let mut out = host_filled(OP, lines_count * n, T::zero())?;
+    if lines_count > 0 {
+        let key = PlanKey {
+            sizes: vec![n],
+            batch: lines_count,
+            dtype: x.dtype(),
+            direction: Direction::RealInverse,
+            strides: x.strides().to_vec(),
+        };
+        let plan: Arc<Arc<dyn ComplexToReal<T>>> = plan_cache(Device::Cpu)?.get(key, || {
+            crate::core::verbose::creation_event(|| format!("fft plan [{n}] RealInverse"));
+            Ok(RealFftPlanner::<T>::new().plan_fft_inverse(n))
+        })?;
+        let scale = T::one() / T::from_usize(n).expect("a length is a float");
+        let work: Vec<_> = runs(&mut spectra, width)
+            .into_iter()
+            .zip(out.chunks_mut(runs_len(lines_count, width) * n))
+            .collect();
+        each_line(work, |(input, output)| {
+            let mut scratch = plan.make_scratch_vec();
+            for (spectrum, line) in input
+                .chunks_exact_mut(width)
+                .zip(output.chunks_exact_mut(n))
+            {
+                // The edge imaginary parts were zeroed by the caller, as the plan requires.
+                plan.process_with_scratch(spectrum, line, &mut scratch)
+                    .expect("lengths and edge coefficients match the plan");
+                line.iter_mut().for_each(|v| *v = *v * scale);
+            }
+        });
+    }
+    T::store(out, out_shape, x.dtype())
+}
+
+/// Lines per run of [`runs`] for `lines` lines of `line` elements (the same split).
+fn runs_len(lines: usize, line: usize) -> usize {
+    let threads = if lines * line < PARALLEL_ABOVE {
+        1
+    } else {
+        get_num_threads().min(lines).max(1)
+    };
+    lines.div_ceil(threads).max(1)
+}
+
+/// Runs `work` on every item over the pool.
+fn each_line<I: Send>(items: Vec<I>, work: impl Fn(I) + Sync) {
+    for_each(items, &work);
+}
