@@ -4,9 +4,11 @@
 //!
 //! Lines: `gemm <f32|bf16> <n>` (a fresh `[n, n] x [n, n]` product, output allocated per
 //! call as `a @ b` does) or `sdpa <f32|bf16> <head dim> <length> <causal 0|1>` (B = 2,
-//! H = 16) or `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of
-//! shape `dims`, complex ones with a trailing 2 added). Inputs are made once per distinct
-//! line.
+//! H = 16), `linear <f32|bf16> <m> <k> <n> <plain|t>` (`[m, k] x [k, n]`, the right side
+//! a plain matrix or the transposed view of an `[n, k]` weight, as `x @ W.t()`),
+//! `decode <f32|bf16> <heads> <kv heads> <keys> <head dim>` (one query row per head, B = 1)
+//! or `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of shape `dims`,
+//! complex ones with a trailing 2 added). Inputs are made once per distinct line.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
 
 use std::io::{BufRead, Write};
@@ -59,6 +61,26 @@ fn parse(line: &str) -> Result<Work> {
                 number(4)? == 1,
             ))
         }
+        Some(&"linear") => {
+            let (m, k, n) = (number(2)?, number(3)?, number(4)?);
+            let b = match words.get(5) {
+                Some(&"t") => filled(&[n, k], dtype, 2)?.t()?,
+                _ => filled(&[k, n], dtype, 2)?,
+            };
+            Ok(Work::Gemm(filled(&[m, k], dtype, 1)?, b))
+        }
+        Some(&"decode") => {
+            let (h, hk, lk, d) = (number(2)?, number(3)?, number(4)?, number(5)?);
+            let kv = [1, hk, lk, d];
+            Ok(Work::Sdpa(
+                [
+                    filled(&[1, h, 1, d], dtype, 1)?,
+                    filled(&kv, dtype, 2)?,
+                    filled(&kv, dtype, 3)?,
+                ],
+                false,
+            ))
+        }
         Some(&"fft") => {
             let mut dims: Vec<usize> = (3..words.len()).map(number).collect::<Result<_>>()?;
             let transform: fn(&Tensor) -> backends::Result<Tensor> = match words.get(2) {
@@ -91,6 +113,7 @@ fn main() -> Result<()> {
             Work::Sdpa([q, k, v], causal) => {
                 let options = SdpaOptions {
                     is_causal: *causal,
+                    enable_gqa: q.shape()[1] != k.shape()[1],
                     ..Default::default()
                 };
                 drop(sdpa(q, k, v, &options)?);

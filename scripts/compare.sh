@@ -114,6 +114,31 @@ def torch_fft(kind, dims):
     x = torch.rand(*dims, dtype=torch.complex64)
     return lambda: (torch.fft.fft2 if kind == "fft2" else torch.fft.fft)(x)
 
+def torch_linear(dtype, m, k, n, layout):
+    x = torch.rand(m, k).to(dtype)
+    w = torch.rand(n, k).to(dtype).t() if layout == "t" else torch.rand(k, n).to(dtype)
+    return lambda: x @ w
+
+def torch_decode(dtype, h, hk, lk, d):
+    q = (torch.rand(1, h, 1, d) * 2 - 1).to(dtype)
+    k, v = ((torch.rand(1, hk, lk, d) * 2 - 1).to(dtype) for _ in range(2))
+    return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hk != h)
+
+# Few rows against a weight (x @ W and x @ W.t(), K = 4096), and decoding attention
+# (one query row per head, H = 32, D = 128, with and without GQA).
+for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
+    for m in (1, 8, 32):
+        for n in (4096, 11008):
+            for layout in ("plain", "t"):
+                works.append((f"linear {name} [{m},4096]x{'W.t()' if layout == 't' else 'B'} N={n} (GFLOP/s)",
+                              f"linear {name} {m} 4096 {n} {layout}", 2 * m * 4096 * n / 1e9,
+                              lambda t=dtype, m=m, n=n, l=layout: torch_linear(getattr(torch, t), m, 4096, n, l)))
+    for hk in (32, 8):
+        for lk in (512, 2048, 8192):
+            works.append((f"decode {name} H=32 Hk={hk} Lk={lk} D=128 (GFLOP/s)",
+                          f"decode {name} 32 {hk} {lk} 128", 4 * 32 * lk * 128 / 1e9,
+                          lambda t=dtype, hk=hk, lk=lk: torch_decode(getattr(torch, t), 32, hk, lk, 128)))
+
 # FFTs, f32: 5 n log2 n FLOPs per complex transform of n points (half for real input).
 import math
 for kind, dims in (("rfft", (64, 4096)), ("fft", (64, 4096)), ("fft2", (8, 256, 256)),
@@ -160,7 +185,7 @@ PY
 while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
   case "$name" in
     peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
-    GEMM*|FFT*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    GEMM*|FFT*|linear*|decode*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
     *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;
   esac
 done

@@ -196,6 +196,69 @@ fn medium_precision_rounds_to_bf16_where_the_cpu_has_it() {
     }
 }
 
+/// Few rows of A (up to 8: a decoding step's `x @ W`): B read in place, row-major or as the
+/// transposed view of a `[N, K]` weight (`W.t()`), f32 and bf16, against the reference,
+/// bit-identical on 1, 2 and 3 threads, and named in the trace.
+#[test]
+fn few_rows_against_a_plain_or_transposed_weight() {
+    let _p = ieee();
+    // The last is large enough to be split among the threads; 8 rows is the most taken.
+    for (m, n, k) in [
+        (1, 1, 1),
+        (1, 700, 300),
+        (2, 37, 1000),
+        (3, 1030, 17),
+        (4, 513, 129),
+        (7, 300, 50),
+        (8, 1000, 333),
+        (2, 2000, 2100),
+    ] {
+        let (a, w) = (random(m * k), random(n * k));
+        // w is the weight [n, k]; `plain` holds its transpose [k, n] as a plain matrix.
+        let plain: Vec<f64> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
+        let want = |t: &dyn Fn(&[f64]) -> Vec<f64>| reference(&t(&a), &t(&plain), m, n, k);
+        for dtype in [DType::F32, DType::Bf16] {
+            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            let round = |v: &[f64]| match dtype {
+                DType::F32 => through::<f32>(v),
+                _ => through::<bf16>(v),
+            };
+            let make = |v: &[f64], shape: &[usize]| {
+                Tensor::from_f64(v, shape, dtype, Device::Cpu).unwrap()
+            };
+            let x = make(&a, &[m, k]);
+            let weight_t = make(&w, &[n, k]).t().unwrap();
+            let b = make(&plain, &[k, n]);
+            for (name, b) in [("plain", &b), ("transposed", &weight_t)] {
+                let capture = backends::TraceCapture::start();
+                let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+                let first = matmul(&x, b).unwrap();
+                let lines = capture.take();
+                assert_eq!(first.shape(), [m, n]);
+                let got = first.to_f64().unwrap();
+                let err = rel_err(&got, &want(&|v| round(v)));
+                assert!(err < bound, "{dtype} {name} {m}x{n}x{k}: {err}");
+                if matches!(
+                    backends::cpu::get_cpu_capability(),
+                    backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
+                ) {
+                    assert!(lines.iter().any(|l| l.contains("skinny")), "{lines:?}");
+                }
+                for threads in [1, 3] {
+                    let _t = backends::NUM_THREADS.guard_scoped(threads);
+                    let again = matmul(&x, b).unwrap().to_f64().unwrap();
+                    assert!(
+                        got.iter()
+                            .zip(&again)
+                            .all(|(p, q)| p.to_bits() == q.to_bits()),
+                        "{dtype} {name} {m}x{n}x{k} on {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn results_are_bit_identical_across_runs_and_thread_counts() {
     let _p = ieee();

@@ -330,6 +330,64 @@ fn cpu_fused_path_matches_the_reference_at_the_default_level() {
     );
 }
 
+/// Decoding shapes (Lq ≤ 4): the decoding kernel (each key/value head group's rows
+/// against all keys, K and V read once per group) on f32 and bf16, with GQA, causal rows
+/// that see 1..Lq keys, boolean and additive masks, head dims that fill no vector, fully
+/// masked rows; named in the trace where the CPU has the vector level it runs on.
+#[test]
+fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
+    let _t = backends::NUM_THREADS.guard_scoped(1);
+    let mut cases = vec![case(1, 300, 64), case(2, 33, 16)];
+    cases.push(Case {
+        h: 8,
+        hk: 2,
+        ..case(1, 257, 40)
+    });
+    cases.push(Case {
+        h: 4,
+        hk: 2,
+        causal: true,
+        ..case(3, 50, 64)
+    });
+    cases.push(Case {
+        mask: Some(true),
+        ..case(2, 100, 32)
+    });
+    cases.push(Case {
+        mask: Some(false),
+        ..case(4, 77, 128)
+    });
+    let vector_level = matches!(
+        backends::cpu::get_cpu_capability(),
+        backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
+    );
+    for c in cases {
+        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.mask);
+        for dtype in [DType::F32, DType::Bf16] {
+            let capture = backends::TraceCapture::start();
+            let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+            let (err, backend) = match dtype {
+                DType::F32 => run::<f32>(c, Device::Cpu),
+                _ => run::<bf16>(c, Device::Cpu),
+            };
+            let lines = capture.take();
+            assert_eq!(backend, SdpBackend::Flash);
+            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            assert!(err < bound, "{dtype} {what:?}: {err}");
+            if vector_level {
+                assert!(
+                    lines.iter().any(|l| l.contains("decoding kernel")),
+                    "{what:?}: {lines:?}"
+                );
+            }
+        }
+    }
+    // Rows that see no key give zeros and -inf, as on the other kernels.
+    for d in [8, 64] {
+        fully_masked_row::<f32>(d, Device::Cpu);
+    }
+}
+
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {

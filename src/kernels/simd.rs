@@ -30,6 +30,35 @@ pub(crate) trait Vector: Copy {
     unsafe fn max(a: Self, b: Self) -> Self;
     /// `base[l·stride]` in lanes `l < n`, 0 in the others (64-bit offsets: any stride).
     unsafe fn gather(base: *const f32, stride: usize, n: usize) -> Self;
+    /// `LANES` bf16 values (their bits) from `at`, widened to f32 exactly.
+    unsafe fn load_bf16(at: *const u16) -> Self;
+    /// The sum of the lanes.
+    unsafe fn sum(self) -> f32;
+}
+
+/// The element types the kernels read straight from a tensor, widened into f32 lanes.
+pub(crate) trait Load: Copy + crate::core::tensor::Element {
+    /// `LANES` values from `at`, as f32.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set; `at` is valid for `LANES` values.
+    unsafe fn load<V: Vector>(at: *const Self) -> V;
+}
+
+impl Load for f32 {
+    #[inline(always)]
+    unsafe fn load<V: Vector>(at: *const f32) -> V {
+        // SAFETY: the caller's contract.
+        unsafe { V::load(at) }
+    }
+}
+
+impl Load for half::bf16 {
+    #[inline(always)]
+    unsafe fn load<V: Vector>(at: *const half::bf16) -> V {
+        // SAFETY: the caller's contract; a bf16 is its 16 bits.
+        unsafe { V::load_bf16(at.cast()) }
+    }
 }
 
 /// Asks for the cache line of `at` in L1. No safety condition: a prefetch never faults,
@@ -98,6 +127,15 @@ impl Vector for __m512 {
         );
         _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
     }
+    #[inline(always)]
+    unsafe fn load_bf16(at: *const u16) -> Self {
+        let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(at.cast()));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        _mm512_reduce_add_ps(self)
+    }
 }
 
 /// The mask of lanes `0..n` of 16.
@@ -162,6 +200,20 @@ impl Vector for __m256 {
             _mm256_extractf128_ps::<1>(real),
         );
         _mm256_set_m128(high, low)
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(at: *const u16) -> Self {
+        let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(at.cast()));
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide))
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        let quad = _mm_add_ps(
+            _mm256_castps256_ps128(self),
+            _mm256_extractf128_ps::<1>(self),
+        );
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
     }
 }
 

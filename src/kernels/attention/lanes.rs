@@ -40,7 +40,7 @@ unsafe fn block_avx2_unchecked(a: BlockArgs) {
 }
 
 /// The vector operations of the online softmax, beyond the shared vocabulary.
-trait SoftmaxLanes: Vector {
+pub(super) trait SoftmaxLanes: Vector {
     /// -inf in the lanes whose index is below `first_shown`, `x` in the others.
     unsafe fn hide_below(x: Self, first_shown: f32) -> Self;
     /// `max·log2 e`, 0 where `max` is -inf (rows that have seen no key).

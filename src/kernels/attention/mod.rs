@@ -1,10 +1,13 @@
 //! The CPU attention kernels: one query block against all its keys with a tiled online
 //! softmax (never an Lq x Lk buffer). `lanes.rs` holds the AVX-512 and AVX2 kernels (one
-//! generic body over a small vector vocabulary), `portable.rs` the build's own vector width,
-//! `f64.rs` the row-by-row f64 path;
+//! generic body over a small vector vocabulary), `decode.rs` the decoding kernel (a few
+//! query rows per key/value head group, K and V read once per group), `portable.rs` the
+//! build's own vector width, `f64.rs` the row-by-row f64 path;
 //! [`run_block`] picks one by the CPU capability in force. The op around them (threads,
 //! inputs, masks, dropout) is [`crate::ops::sdpa`].
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod decode;
 pub(crate) mod f64;
 #[cfg(target_arch = "x86_64")]
 mod lanes;

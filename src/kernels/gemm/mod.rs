@@ -11,6 +11,8 @@
 mod driver;
 mod micro;
 mod pack;
+#[cfg(target_arch = "x86_64")]
+mod skinny;
 
 use crate::DType;
 use crate::core::tensor::Element;
@@ -126,12 +128,32 @@ pub(crate) fn gemm<T: Element>(
         c.fill(0.0);
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if skinny::kernel::<T>(m, (b.rs, b.cs), rounding).is_some() {
+        return skinny::gemm(c, (m, n, k), a, b, threads);
+    }
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
         crate::kernels::dispatch::cpu_kernels().gemm_bf16
     } else {
         crate::kernels::dispatch::cpu_kernels().gemm
     };
     driver::gemm_with(mk, c, (m, n, k), a, b, rounding, threads);
+}
+
+/// The kernel [`gemm`] runs for `m` rows of A against a B of strides `(rs, cs)` when it is
+/// not the packed micro-kernel path: the skinny path's name, or `None`.
+pub(crate) fn special_kernel<T: Element>(
+    m: usize,
+    strides: (usize, usize),
+    rounding: Rounding,
+) -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    return skinny::kernel::<T>(m, strides, rounding);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, strides, rounding);
+        None
+    }
 }
 
 /// `A · B` in f64 (the reference path) into `c`, a zeroed row-major `m x n` matrix.

@@ -125,6 +125,16 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let bias_values: Option<Vec<f32>> = bias
         .as_ref()
         .map(|m| m.values.iter().map(|&x| x as f32).collect());
+    #[cfg(target_arch = "x86_64")]
+    if decodes(job) {
+        let masks = bias.as_ref().zip(bias_values.as_deref());
+        let (out, lse) = match (&kv, &vv) {
+            (Input::F32(k), Input::F32(v)) => decode(job, &qv, (k, v), masks)?,
+            (Input::Bf16(k), Input::Bf16(v)) => decode(job, &qv, (k, v), masks)?,
+            _ => unreachable!("`decodes` checked the inputs"),
+        };
+        return finish(q.dtype(), out, lse, s, out_shape);
+    }
     // Zeroed lazily by the allocator: each page is first touched by the thread that writes it.
     let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
     let mut lse = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq)?;
@@ -229,7 +239,19 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         .map(|chunk| Ok((chunk, host_zeros(OP_CPU, block_len)?)))
         .collect::<Result<_>>()?;
     crate::runtime::threads::for_each(chunks, &work);
-    let output = match q.dtype() {
+    finish(q.dtype(), out, lse, s, out_shape)
+}
+
+/// The f32 outputs as a tensor of `dtype`, and the log-sum-exp.
+fn finish(
+    dtype: DType,
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    s: &crate::kernels::attention::Shape,
+    out_shape: &[usize],
+) -> Result<(Tensor, Tensor)> {
+    let threads = crate::get_num_threads();
+    let output = match dtype {
         DType::F32 => Tensor::from_vec(out, out_shape, Device::Cpu)?,
         DType::Bf16 => Tensor::from_vec(
             narrow::<bf16>(OP_CPU, out, threads)?,
@@ -246,6 +268,115 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     };
     let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
     Ok((output, lse))
+}
+
+/// Whether the decoding kernel serves `job`: a few query rows per key/value head group
+/// (Lq ≤ 4), keys and values both f32 or both bf16, a vector level it runs on, and groups
+/// enough to keep every thread busy (else the block kernel, which splits query blocks).
+#[cfg(target_arch = "x86_64")]
+pub(super) fn decodes(job: &Job) -> bool {
+    use crate::kernels::attention::decode::{MAX_GROUP_ROWS, MAX_QUERY_ROWS, available};
+    let s = &job.shape;
+    let group = s.h / s.hk.max(1);
+    let same = |dtype| job.key.dtype() == dtype && job.value.dtype() == dtype;
+    s.lq <= MAX_QUERY_ROWS
+        && group * s.lq <= MAX_GROUP_ROWS
+        && s.h.is_multiple_of(s.hk.max(1))
+        && (same(DType::F32) || same(DType::Bf16))
+        && job.key.is_contiguous()
+        && job.value.is_contiguous()
+        && s.b * s.hk >= crate::get_num_threads()
+        && available()
+}
+
+/// The decoding kernel over every (batch, key/value head) group, the groups spread over
+/// the threads; `(out, lse)` as f32.
+#[cfg(target_arch = "x86_64")]
+fn decode<E: crate::kernels::simd::Load>(
+    job: &Job,
+    qv: &Input,
+    (kv, vv): (&[E], &[E]),
+    masks: Option<(&Bias, &[f32])>,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    use crate::kernels::attention::decode::{Group, run};
+    let s = &job.shape;
+    let scale = job.scale as f32;
+    let causal = job.options.is_causal;
+    let group = s.h / s.hk.max(1);
+    let rows = group * s.lq;
+    let stride = s.lk.next_multiple_of(16);
+    let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
+    let mut lse = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq)?;
+    let groups = s.b * s.hk;
+    let threads = crate::get_num_threads().min(groups).max(1);
+    let per = groups.div_ceil(threads);
+    // Each thread's runs of groups, with its scores and queries allocated here, where a
+    // failure is an error.
+    let scratch = rows
+        .checked_mul(stride)
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP_CPU,
+            detail: format!("{rows} query rows x {} keys overflow", s.lk),
+        })?;
+    let mut work = Vec::with_capacity(threads);
+    let mut out_rest = out.as_mut_slice();
+    let mut lse_rest = lse.as_mut_slice();
+    for first in (0..groups).step_by(per.max(1)) {
+        let count = per.min(groups - first);
+        let (o, o_next) = out_rest.split_at_mut(count * rows * s.dv);
+        let (l, l_next) = lse_rest.split_at_mut(count * rows);
+        (out_rest, lse_rest) = (o_next, l_next);
+        let buffers = (
+            host_zeros::<f32>(OP_CPU, scratch)?,
+            host_zeros::<f32>(OP_CPU, rows * s.d)?,
+        );
+        work.push((first, o, l, buffers));
+    }
+    /// A thread's first group, its outputs and log-sum-exps, and its scratch (scores, queries).
+    type Run<'o> = (usize, &'o mut [f32], &'o mut [f32], (Vec<f32>, Vec<f32>));
+    crate::runtime::threads::for_each(work, &|(first, o, l, (mut scores, mut q)): Run| {
+        let mut wide = Vec::new();
+        let mut row_info = Vec::with_capacity(rows);
+        for (index, (o, l)) in o
+            .chunks_exact_mut(rows * s.dv)
+            .zip(l.chunks_exact_mut(rows))
+            .enumerate()
+        {
+            let kvh = first + index;
+            let (b, hk) = (kvh / s.hk, kvh % s.hk);
+            // The group's query rows are contiguous: heads hk·group.., each with Lq rows.
+            let first_row = (b * s.h + hk * group) * s.lq;
+            let q_rows = qv.f32s(first_row * s.d..(first_row + rows) * s.d, &mut wide);
+            for (x, &y) in q.iter_mut().zip(q_rows) {
+                *x = y * scale;
+            }
+            row_info.clear();
+            for r in 0..rows {
+                let (h, i) = (hk * group + r / s.lq, r % s.lq);
+                let keys = if causal { s.lk.min(i + 1) } else { s.lk };
+                let mask = masks.map(|(m, values)| MaskView {
+                    values,
+                    base: b * m.strides[0] + h * m.strides[1],
+                    si: m.strides[2],
+                    sj: m.strides[3],
+                });
+                row_info.push((keys, mask, i));
+            }
+            run(Group {
+                q: &q,
+                k: &kv[kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d],
+                v: &vv[kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv],
+                lk: s.lk,
+                d: s.d,
+                dv: s.dv,
+                rows: &row_info,
+                out: o,
+                lse: l,
+                scores: &mut scores,
+            });
+        }
+    });
+    Ok((out, lse))
 }
 
 /// The fused path for f64 inputs, computed in f64 as PyTorch's CPU flash kernel does for

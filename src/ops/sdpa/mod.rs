@@ -233,7 +233,15 @@ pub fn sdpa(
         }
         (Device::Cpu, SdpBackend::Flash) => {
             let level = crate::runtime::cpu::get_cpu_capability().to_string();
-            trace::kernel(describe(&format!("fused online softmax, {level}")), || {
+            #[cfg(target_arch = "x86_64")]
+            let kernel = if cpu::decodes(&job) {
+                "decoding kernel, K/V read once per head group"
+            } else {
+                "fused online softmax"
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let kernel = "fused online softmax";
+            trace::kernel(describe(&format!("{kernel}, {level}")), || {
                 let (output, lse) = cpu::cpu_fused(&job)?;
                 Ok(SdpaOutput {
                     output,

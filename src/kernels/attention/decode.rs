@@ -1,0 +1,175 @@
+//! Decoding attention on x86 vector registers: the few query rows of one key/value head
+//! group (every query head of a GQA group, each with its Lq ≤ [`MAX_QUERY_ROWS`] rows)
+//! against all the keys, reading each key and value row once for the whole group, in the
+//! inputs' own dtype (f32 or bf16, widened in registers). Scores for all keys, then the
+//! softmax, then the weighted sum of the values: the key and value streams are the cost,
+//! and no query row is computed that the call does not have (the 48-row block kernel
+//! computes 48 for one).
+
+use super::lanes::SoftmaxLanes;
+use super::{MaskView, finish_rows};
+use crate::kernels::simd::Load;
+use crate::runtime::cpu::{Avx2Token, Avx512Token};
+use std::arch::x86_64::{__m256, __m512};
+
+/// Query rows per call (`Lq`) this path takes.
+pub(crate) const MAX_QUERY_ROWS: usize = 4;
+/// Rows per group (query heads of a group × Lq) it takes, at most.
+pub(crate) const MAX_GROUP_ROWS: usize = 32;
+
+/// One key/value head group's work.
+pub(crate) struct Group<'a, E> {
+    /// The group's query rows, `[rows, d]`, already multiplied by the scale.
+    pub(crate) q: &'a [f32],
+    /// The head's keys `[lk, d]` and values `[lk, dv]`.
+    pub(crate) k: &'a [E],
+    pub(crate) v: &'a [E],
+    pub(crate) lk: usize,
+    pub(crate) d: usize,
+    pub(crate) dv: usize,
+    /// Per row: how many keys it sees (fewer under a causal mask), its mask and its index
+    /// in that mask (the query position).
+    pub(crate) rows: &'a [(usize, Option<MaskView<'a>>, usize)],
+    /// `[rows, dv]` outputs and the rows' log-sum-exp.
+    pub(crate) out: &'a mut [f32],
+    pub(crate) lse: &'a mut [f32],
+    /// Scratch of `rows · ⌈lk / 16⌉ · 16` floats for the scores.
+    pub(crate) scores: &'a mut [f32],
+}
+
+/// Whether a vector level this path runs on is in force.
+pub(crate) fn available() -> bool {
+    Avx512Token::get().is_some() || Avx2Token::get().is_some()
+}
+
+/// Runs one group on the vector level in force (where [`available`]).
+pub(crate) fn run<E: Load>(g: Group<E>) {
+    if let Some(token) = Avx512Token::get() {
+        avx512(token, g);
+    } else if let Some(token) = Avx2Token::get() {
+        avx2(token, g);
+    }
+}
+
+fn avx512<E: Load>(_: Avx512Token, g: Group<E>) {
+    #[target_feature(enable = "avx512f,avx512dq,fma")]
+    unsafe fn go<E: Load>(g: Group<E>) {
+        // SAFETY: the CPU has the AVX-512 level (the caller's token).
+        unsafe { body::<__m512, E>(g) }
+    }
+    // SAFETY: the token proves the AVX-512 level (F, DQ, FMA).
+    unsafe { go(g) }
+}
+
+fn avx2<E: Load>(_: Avx2Token, g: Group<E>) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn go<E: Load>(g: Group<E>) {
+        // SAFETY: the CPU has AVX2 and FMA (the caller's token).
+        unsafe { body::<__m256, E>(g) }
+    }
+    // SAFETY: the token proves AVX2 and FMA.
+    unsafe { go(g) }
+}
+
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
+    let Group {
+        q,
+        k,
+        v,
+        lk,
+        d,
+        dv,
+        rows,
+        out,
+        lse,
+        scores,
+    } = g;
+    let n = rows.len();
+    let stride = lk.next_multiple_of(16);
+    assert!(q.len() == n * d && k.len() >= lk * d && v.len() >= lk * dv);
+    assert!(out.len() == n * dv && lse.len() == n && scores.len() >= n * stride);
+    assert!(n <= MAX_GROUP_ROWS && rows.iter().all(|&(keys, ..)| keys <= lk));
+    let (dl, dvl) = (d / V::LANES * V::LANES, dv / V::LANES * V::LANES);
+    // Scores: each key row read once, against every query row of the group; keys a row
+    // does not see are -inf (weight 0), as is the padding up to `stride`.
+    for r in 0..n {
+        scores[r * stride + lk..(r + 1) * stride].fill(f32::NEG_INFINITY);
+    }
+    for j in 0..lk {
+        let key = &k[j * d..(j + 1) * d];
+        for (r, &(keys, mask, i)) in rows.iter().enumerate() {
+            let at = &mut scores[r * stride + j];
+            if j >= keys {
+                *at = f32::NEG_INFINITY;
+                continue;
+            }
+            let qr = &q[r * d..(r + 1) * d];
+            // SAFETY: lanes x..x + LANES < d of the key and query rows (x < dl ≤ d).
+            let mut dot = unsafe {
+                let mut acc = V::splat(0.0);
+                for x in (0..dl).step_by(V::LANES) {
+                    acc = V::fmadd(
+                        V::load(qr.as_ptr().add(x)),
+                        E::load::<V>(key.as_ptr().add(x)),
+                        acc,
+                    );
+                }
+                acc.sum()
+            };
+            for x in dl..d {
+                dot += qr[x] * key[x].to_f32();
+            }
+            *at = dot + mask.map_or(0.0, |m| m.at(i, j));
+        }
+    }
+    // The softmax of each row, 16 keys at a time (the padding's -inf gives 0).
+    let mut maxes = [f32::NEG_INFINITY; MAX_GROUP_ROWS];
+    let mut sums = [0f32; MAX_GROUP_ROWS];
+    for r in 0..n {
+        let row = &mut scores[r * stride..(r + 1) * stride];
+        let max = row.iter().fold(
+            f32::NEG_INFINITY,
+            |m, &x| if x > m || x.is_nan() { x } else { m },
+        );
+        // SAFETY: lanes c..c + LANES of the row (stride is a multiple of 16, and of LANES).
+        let sum = unsafe {
+            let shift = V::shift_of(V::splat(max));
+            let mut total = V::splat(0.0);
+            for c in (0..stride).step_by(V::LANES) {
+                let at = row.as_mut_ptr().add(c);
+                let e = V::exp_shifted(V::load(at), shift);
+                e.store(at);
+                total = V::add(total, e);
+            }
+            total.sum()
+        };
+        (maxes[r], sums[r]) = (max, sum);
+    }
+    // The weighted sum: each value row read once, into every row of the group.
+    out.fill(0.0);
+    for j in 0..lk {
+        let value = &v[j * dv..(j + 1) * dv];
+        for r in 0..n {
+            let p = scores[r * stride + j];
+            if p == 0.0 {
+                continue;
+            }
+            let o = &mut out[r * dv..(r + 1) * dv];
+            // SAFETY: lanes x..x + LANES < dv of the value and output rows (x < dvl ≤ dv).
+            unsafe {
+                let pv = V::splat(p);
+                for x in (0..dvl).step_by(V::LANES) {
+                    let at = o.as_mut_ptr().add(x);
+                    V::fmadd(pv, E::load::<V>(value.as_ptr().add(x)), V::load(at)).store(at);
+                }
+            }
+            for x in dvl..dv {
+                o[x] += p * value[x].to_f32();
+            }
+        }
+    }
+    finish_rows(out, dv, &maxes[..n], &sums[..n], lse);
+}

@@ -1,0 +1,305 @@
+//! Products with few rows of A (M ≤ 4: a decoding step's `x @ W`, matrix-vector products).
+//! They are bound by reading B, so B is read once, in place, in its own layout and dtype:
+//! packing it (N·K per call) would cost as much as the product. A row-major B is streamed
+//! row by row into the rows of C, kept in L1 (`c[i, :] += a[i, k] · b[k, :]`); a transposed
+//! one (`W.t()` of a row-major `[N, K]` weight) gives each output a dot product over a
+//! contiguous row of W. Columns of C are split among the threads; every output is summed
+//! by one thread in a fixed order, so results do not depend on the thread count.
+
+use half::bf16;
+
+use super::{MatView, Rounding};
+use crate::DType;
+use crate::core::tensor::Element;
+use crate::kernels::simd::{Load, Vector};
+use crate::runtime::cpu::{Avx2Token, Avx512Token};
+use std::arch::x86_64::{__m256, __m512};
+
+/// The most rows of A this path takes.
+pub(super) const MAX_ROWS: usize = 8;
+/// Rows of A a dot-product pass holds in registers (with `NB` outputs each).
+const ROW_GROUP: usize = 4;
+/// Floats of C the row-streaming pass keeps in L1 while it streams B: the thread's columns
+/// are taken in pieces of `C_IN_L1 / m`.
+const C_IN_L1: usize = 8192;
+
+/// Columns of C a thread gets, at least (fewer: the start-up costs more than the work).
+const MIN_COLUMNS_PER_THREAD: usize = 256;
+
+/// Whether the skinny path serves `m` rows of A against a B of strides `(rs, cs)` (exact
+/// f32 or bf16 values, B row-major or transposed, a SIMD level in force): the name of its
+/// kernel, or `None`.
+pub(crate) fn kernel<T: Element>(
+    m: usize,
+    (rs, cs): (usize, usize),
+    rounding: Rounding,
+) -> Option<&'static str> {
+    let layout_ok = cs == 1 || rs == 1;
+    let dtype_ok = matches!(T::DTYPE, DType::F32 | DType::Bf16);
+    if m == 0 || m > MAX_ROWS || rounding != Rounding::None || !layout_ok || !dtype_ok {
+        return None;
+    }
+    if Avx512Token::get().is_some() {
+        Some(if cs == 1 {
+            "skinny_rows_avx512"
+        } else {
+            "skinny_dots_avx512"
+        })
+    } else if Avx2Token::get().is_some() {
+        Some(if cs == 1 {
+            "skinny_rows_avx2"
+        } else {
+            "skinny_dots_avx2"
+        })
+    } else {
+        None
+    }
+}
+
+/// `A (m x k) · B (k x n)` into the row-major `m x n` matrix `c`, where [`kernel`] said
+/// this path serves it.
+pub(super) fn gemm<T: Element>(
+    c: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    a: MatView<T>,
+    b: MatView<T>,
+    threads: usize,
+) {
+    // A's rows, contiguous in f32 (m·k values: small next to B).
+    let mut rows = vec![0f32; m * k];
+    for (i, row) in rows.chunks_exact_mut(k).enumerate() {
+        for (kk, x) in row.iter_mut().enumerate() {
+            *x = a.at(i, kk);
+        }
+    }
+    let team = threads
+        .min(n.div_ceil(MIN_COLUMNS_PER_THREAD))
+        .min(
+            (m * n * k)
+                .div_ceil(super::driver::MIN_WORK_PER_THREAD)
+                .max(1),
+        )
+        .max(1);
+    // Each thread's columns of C, written into its own buffer, then copied in place.
+    let per = n.div_ceil(team).next_multiple_of(16);
+    let parts: Vec<std::sync::Mutex<Vec<f32>>> = (0..team).map(|_| Default::default()).collect();
+    crate::runtime::threads::parallel(team, &|index, team_now| {
+        // A smaller team than asked takes the ranges in turns.
+        for range in (index..team).step_by(team_now) {
+            let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
+            let mut out = vec![0f32; m * (j1 - j0)];
+            if j1 > j0 {
+                columns(&rows, (m, k), b, (j0, j1), &mut out);
+            }
+            *parts[range].lock().unwrap_or_else(|p| p.into_inner()) = out;
+        }
+    });
+    for (range, part) in parts.into_iter().enumerate() {
+        let part = part.into_inner().unwrap_or_else(|p| p.into_inner());
+        let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
+        for i in 0..m {
+            c[i * n + j0..i * n + j1].copy_from_slice(&part[i * (j1 - j0)..(i + 1) * (j1 - j0)]);
+        }
+    }
+}
+
+/// Columns `j0..j1` of C (`out`: `m` rows of `j1 - j0`) on the SIMD level in force.
+fn columns<T: Element>(
+    rows: &[f32],
+    (m, k): (usize, usize),
+    b: MatView<T>,
+    (j0, j1): (usize, usize),
+    out: &mut [f32],
+) {
+    match T::DTYPE {
+        DType::F32 => level(rows, (m, k), view::<T, f32>(b), (j0, j1), out),
+        DType::Bf16 => level(rows, (m, k), view::<T, bf16>(b), (j0, j1), out),
+        _ => unreachable!("`kernel` takes f32 and bf16 only"),
+    }
+}
+
+/// `b` as a view of `E`, which is `T` (checked by the caller through `T::DTYPE`).
+fn view<T: Element, E: bytemuck::Pod>(b: MatView<T>) -> MatView<E> {
+    MatView {
+        data: bytemuck::cast_slice(b.data),
+        offset: b.offset,
+        rs: b.rs,
+        cs: b.cs,
+    }
+}
+
+fn level<E: Load>(
+    rows: &[f32],
+    mk: (usize, usize),
+    b: MatView<E>,
+    cols: (usize, usize),
+    out: &mut [f32],
+) {
+    if let Some(token) = Avx512Token::get() {
+        avx512(token, rows, mk, b, cols, out);
+    } else if let Some(token) = Avx2Token::get() {
+        avx2(token, rows, mk, b, cols, out);
+    }
+}
+
+fn avx512<E: Load>(
+    _: Avx512Token,
+    rows: &[f32],
+    mk: (usize, usize),
+    b: MatView<E>,
+    cols: (usize, usize),
+    out: &mut [f32],
+) {
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn run<E: Load>(
+        rows: &[f32],
+        mk: (usize, usize),
+        b: MatView<E>,
+        cols: (usize, usize),
+        out: &mut [f32],
+    ) {
+        // SAFETY: the CPU has AVX-512 (the caller's token).
+        unsafe { body::<__m512, E, 4>(rows, mk, b, cols, out) }
+    }
+    // SAFETY: the token proves the AVX-512 level (F and FMA).
+    unsafe { run(rows, mk, b, cols, out) }
+}
+
+fn avx2<E: Load>(
+    _: Avx2Token,
+    rows: &[f32],
+    mk: (usize, usize),
+    b: MatView<E>,
+    cols: (usize, usize),
+    out: &mut [f32],
+) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run<E: Load>(
+        rows: &[f32],
+        mk: (usize, usize),
+        b: MatView<E>,
+        cols: (usize, usize),
+        out: &mut [f32],
+    ) {
+        // SAFETY: the CPU has AVX2 and FMA (the caller's token).
+        unsafe { body::<__m256, E, 2>(rows, mk, b, cols, out) }
+    }
+    // SAFETY: the token proves AVX2 and FMA.
+    unsafe { run(rows, mk, b, cols, out) }
+}
+
+/// Both layouts on vectors `V`; `NB` outputs of a dot product at a time.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn body<V: Vector, E: Load, const NB: usize>(
+    rows: &[f32],
+    (m, k): (usize, usize),
+    b: MatView<E>,
+    (j0, j1): (usize, usize),
+    out: &mut [f32],
+) {
+    let width = j1 - j0;
+    assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_ROWS);
+    // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
+    assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
+    let base = b.data.as_ptr().wrapping_add(b.offset);
+    if b.cs == 1 {
+        // c[i, p0..p1] += a[i, kk] · b[kk, p0..p1], streaming B's rows, a piece of columns
+        // at a time so that the piece of C stays in L1.
+        let piece = (C_IN_L1 / m).next_multiple_of(V::LANES);
+        for p0 in (0..width).step_by(piece) {
+            let p1 = (p0 + piece).min(width);
+            // SAFETY: columns j0 + p0..j0 + p1 ≤ j1 of every row of B (checked above).
+            unsafe {
+                rows_piece::<V, E>(
+                    rows,
+                    (m, k),
+                    (base, b.rs),
+                    (j0 + p0, j0 + p1),
+                    out,
+                    (width, p0),
+                );
+            }
+        }
+        return;
+    }
+    // c[i, j] = a[i, :] · w[j, :] with w[j, kk] = b[kk, j] contiguous in kk, `NB` rows of W
+    // against a group of A's rows at a time (the W rows stay in L1 between groups).
+    let full = k / V::LANES * V::LANES;
+    let mut j = j0;
+    while j < j1 {
+        let count = NB.min(j1 - j);
+        for r0 in (0..m).step_by(ROW_GROUP) {
+            let group = ROW_GROUP.min(m - r0);
+            // SAFETY: register work under the caller's instruction set.
+            let zero = unsafe { V::splat(0.0) };
+            let mut acc = [[zero; NB]; ROW_GROUP];
+            let w = |jj: usize| base.wrapping_add((j + jj.min(count - 1)) * b.cs);
+            for kk in (0..full).step_by(V::LANES) {
+                // SAFETY: lanes kk..kk + LANES < k of rows of W below j1 (clamped) and of
+                // A's rows (r0 + i < m).
+                unsafe {
+                    let wv: [V; NB] = std::array::from_fn(|jj| E::load::<V>(w(jj).add(kk)));
+                    for (i, acc_i) in acc.iter_mut().enumerate().take(group) {
+                        let av = V::load(rows.as_ptr().add((r0 + i) * k + kk));
+                        for (slot, &x) in acc_i.iter_mut().zip(&wv) {
+                            *slot = V::fmadd(av, x, *slot);
+                        }
+                    }
+                }
+            }
+            for i in 0..group {
+                for jj in 0..count {
+                    // SAFETY: register work under the caller's instruction set.
+                    let mut sum = unsafe { acc[i][jj].sum() };
+                    for kk in full..k {
+                        // SAFETY: kk < k in row j + jj < j1 of W (checked above).
+                        sum += rows[(r0 + i) * k + kk] * unsafe { *w(jj).add(kk) }.to_f32();
+                    }
+                    out[(r0 + i) * width + (j - j0) + jj] = sum;
+                }
+            }
+        }
+        j += count;
+    }
+}
+
+/// The row-streaming pass over columns `q0..q1` of C (`out`'s rows are `width` long and
+/// start at column `j0`; this piece at `p0` in them).
+///
+/// # Safety
+/// The CPU has `V`'s instruction set; B's rows hold columns `q0..q1` for every `kk < k`.
+#[inline(always)]
+unsafe fn rows_piece<V: Vector, E: Load>(
+    rows: &[f32],
+    (m, k): (usize, usize),
+    (base, rs): (*const E, usize),
+    (q0, q1): (usize, usize),
+    out: &mut [f32],
+    (width, p0): (usize, usize),
+) {
+    let len = q1 - q0;
+    let vectors = len / V::LANES;
+    for kk in 0..k {
+        let row = base.wrapping_add(kk * rs + q0);
+        for i in 0..m {
+            let ai = rows[i * k + kk];
+            let c = &mut out[i * width + p0..i * width + p0 + len];
+            // SAFETY: lanes v·LANES.. < len of this row of B are inside it (the caller's
+            // bounds) and of `c` (v < len / LANES).
+            unsafe {
+                let av = V::splat(ai);
+                for v in 0..vectors {
+                    let at = c.as_mut_ptr().add(v * V::LANES);
+                    V::fmadd(av, E::load::<V>(row.add(v * V::LANES)), V::load(at)).store(at);
+                }
+            }
+            for (j, x) in c.iter_mut().enumerate().skip(vectors * V::LANES) {
+                // SAFETY: column q0 + j < q1 of this row (the caller's bounds).
+                *x += ai * unsafe { *row.add(j) }.to_f32();
+            }
+        }
+    }
+}
