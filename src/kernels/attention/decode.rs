@@ -120,7 +120,7 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
                 acc.sum()
             };
             for x in dl..d {
-                dot += qr[x] * key[x].to_f32();
+                dot = qr[x].mul_add(key[x].to_f32(), dot);
             }
             *at = dot + mask.map_or(0.0, |m| m.at(i, j));
         }
@@ -167,7 +167,7 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
                 }
             }
             for x in dvl..dv {
-                o[x] += p * value[x].to_f32();
+                o[x] = p.mul_add(value[x].to_f32(), o[x]);
             }
         }
     }

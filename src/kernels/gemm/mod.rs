@@ -129,7 +129,7 @@ pub(crate) fn gemm<T: Element>(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if skinny::kernel::<T>(m, (b.rs, b.cs), rounding).is_some() {
+    if skinny::kernel::<T>((m, n), (b.rs, b.cs), rounding).is_some() {
         return skinny::gemm(c, (m, n, k), a, b, threads);
     }
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
@@ -140,18 +140,18 @@ pub(crate) fn gemm<T: Element>(
     driver::gemm_with(mk, c, (m, n, k), a, b, rounding, threads);
 }
 
-/// The kernel [`gemm`] runs for `m` rows of A against a B of strides `(rs, cs)` when it is
+/// The kernel [`gemm`] runs for `m` rows of A against a B of `n` columns and strides `(rs, cs)` when it is
 /// not the packed micro-kernel path: the skinny path's name, or `None`.
 pub(crate) fn special_kernel<T: Element>(
-    m: usize,
+    (m, n): (usize, usize),
     strides: (usize, usize),
     rounding: Rounding,
 ) -> Option<&'static str> {
     #[cfg(target_arch = "x86_64")]
-    return skinny::kernel::<T>(m, strides, rounding);
+    return skinny::kernel::<T>((m, n), strides, rounding);
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (m, strides, rounding);
+        let _ = (m, n, strides, rounding);
         None
     }
 }

@@ -30,23 +30,24 @@ const MIN_COLUMNS_PER_THREAD: usize = 256;
 /// f32 or bf16 values, B row-major or transposed, a SIMD level in force): the name of its
 /// kernel, or `None`.
 pub(crate) fn kernel<T: Element>(
-    m: usize,
+    (m, n): (usize, usize),
     (rs, cs): (usize, usize),
     rounding: Rounding,
 ) -> Option<&'static str> {
     let layout_ok = cs == 1 || rs == 1;
+    let rows_layout = streams_rows(rs, cs, n);
     let dtype_ok = matches!(T::DTYPE, DType::F32 | DType::Bf16);
     if m == 0 || m > MAX_ROWS || rounding != Rounding::None || !layout_ok || !dtype_ok {
         return None;
     }
     if Avx512Token::get().is_some() {
-        Some(if cs == 1 {
+        Some(if rows_layout {
             "skinny_rows_avx512"
         } else {
             "skinny_dots_avx512"
         })
     } else if Avx2Token::get().is_some() {
-        Some(if cs == 1 {
+        Some(if rows_layout {
             "skinny_rows_avx2"
         } else {
             "skinny_dots_avx2"
@@ -54,6 +55,14 @@ pub(crate) fn kernel<T: Element>(
     } else {
         None
     }
+}
+
+/// Whether a B of strides `(rs, cs)` and `n` columns is streamed by rows (row-major), else
+/// read as the rows of a weight (dot products). A B that is both (`rs = cs = 1`: fewer
+/// columns than a vector) is read as dot products: whole vectors along K, not one scalar
+/// per K index.
+fn streams_rows(rs: usize, cs: usize, n: usize) -> bool {
+    cs == 1 && !(rs == 1 && n < 16)
 }
 
 /// `A (m x k) · B (k x n)` into the row-major `m x n` matrix `c`, where [`kernel`] said
@@ -205,7 +214,9 @@ unsafe fn body<V: Vector, E: Load, const NB: usize>(
     // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
     assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
     let base = b.data.as_ptr().wrapping_add(b.offset);
-    if b.cs == 1 {
+    // (j1 ≥ 16 whenever n is: the threads' ranges are multiples of 16 but the last, which
+    // ends at n.)
+    if streams_rows(b.rs, b.cs, j1) {
         // c[i, p0..p1] += a[i, kk] · b[kk, p0..p1], streaming B's rows, a piece of columns
         // at a time so that the piece of C stays in L1.
         let piece = (C_IN_L1 / m).next_multiple_of(V::LANES);
@@ -256,7 +267,8 @@ unsafe fn body<V: Vector, E: Load, const NB: usize>(
                     let mut sum = unsafe { acc[i][jj].sum() };
                     for kk in full..k {
                         // SAFETY: kk < k in row j + jj < j1 of W (checked above).
-                        sum += rows[(r0 + i) * k + kk] * unsafe { *w(jj).add(kk) }.to_f32();
+                        let x = unsafe { *w(jj).add(kk) }.to_f32();
+                        sum = rows[(r0 + i) * k + kk].mul_add(x, sum);
                     }
                     out[(r0 + i) * width + (j - j0) + jj] = sum;
                 }
@@ -298,7 +310,7 @@ unsafe fn rows_piece<V: Vector, E: Load>(
             }
             for (j, x) in c.iter_mut().enumerate().skip(vectors * V::LANES) {
                 // SAFETY: column q0 + j < q1 of this row (the caller's bounds).
-                *x += ai * unsafe { *row.add(j) }.to_f32();
+                *x = ai.mul_add(unsafe { *row.add(j) }.to_f32(), *x);
             }
         }
     }

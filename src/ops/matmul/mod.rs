@@ -270,7 +270,7 @@ fn run_cpu<T: Element>(
     micro: &'static str,
     threads: usize,
 ) -> Result<Tensor> {
-    let micro = gemm::special_kernel::<T>(p.m, (p.b[1], p.b[2]), rounding).unwrap_or(micro);
+    let micro = gemm::special_kernel::<T>((p.m, p.n), (p.b[1], p.b[2]), rounding).unwrap_or(micro);
     let describe = || Call {
         kernel: format!("gemm_{}_{micro}", T::DTYPE),
         backend: format!("cpu/{micro}"),
