@@ -1,6 +1,6 @@
-//! FFT throughput on the CPU: complex transforms of powers of two (radix-2) and of other
-//! lengths (Bluestein), real transforms, and a 2-D transform; cuFFT on each CUDA device;
-//! the kernel is in the name.
+//! FFT throughput on the CPU (rustfft / realfft): complex transforms of powers of two and
+//! of other lengths, real transforms, and a 2-D transform; cuFFT on each CUDA device; the
+//! library and the length class are in the name.
 //! Throughput is in samples per second (criterion's "elem/s"); 5·n·log2(n) FLOPs per
 //! complex transform of length n is the usual conversion.
 //!
@@ -21,8 +21,8 @@ fn signal(shape: &[usize]) -> Tensor {
 fn fft_benches(c: &mut Criterion) {
     let batch = 16;
     for (kernel, sizes) in [
-        ("radix2", [256, 4096, 65536]),
-        ("bluestein", [250, 4000, 60000]),
+        ("rustfft-pow2", [256, 4096, 65536]),
+        ("rustfft-mixed", [250, 4000, 60000]),
     ] {
         let mut group = c.benchmark_group(format!("fft/cpu/f32/c2c/{kernel}"));
         group.sample_size(10);
@@ -35,13 +35,13 @@ fn fft_benches(c: &mut Criterion) {
         }
         group.finish();
     }
-    let mut group = c.benchmark_group("fft/cpu/f32/r2c/radix2");
+    let mut group = c.benchmark_group("fft/cpu/f32/r2c/realfft-pow2");
     group.sample_size(10);
     let x = signal(&[batch, 4096]);
     group.throughput(Throughput::Elements((batch * 4096) as u64));
     group.bench_function("4096", |b| b.iter(|| fft::rfft(&x).unwrap()));
     group.finish();
-    let mut group = c.benchmark_group("fft/cpu/f32/c2c-2d/radix2");
+    let mut group = c.benchmark_group("fft/cpu/f32/c2c-2d/rustfft-pow2");
     group.sample_size(10);
     let x = signal(&[256, 256, 2]);
     group.throughput(Throughput::Elements(256 * 256));
