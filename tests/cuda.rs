@@ -123,6 +123,10 @@ fn generated_gemm_kernels_match_the_f64_reference_under_each_flag() {
             let err = matmul_error(d, dtype, size);
             assert!(err < 1e-2, "{dtype} {size:?}: {err}");
         }
+        // fp16 accumulators (`allow_fp16_accumulation`): the f16 tensor-core variant.
+        let _a = flags::ALLOW_FP16_ACCUMULATION.guard_scoped(true);
+        let err = matmul_error(d, DType::F16, size);
+        assert!(err < 1e-2, "f16, fp16 accumulation {size:?}: {err}");
     }
     // TF32 keeps 10 mantissa bits: on the largest size it is measurably coarser than IEEE.
     let _p = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Tf32);
@@ -276,6 +280,8 @@ fn flash_attention_matches_the_reference() {
             [1, 4, 2, 128, 128, 128],
             [1, 2, 2, 333, 333, 64],
             [1, 2, 2, 64, 64, 32],
+            [1, 2, 2, 33, 33, 96],
+            [1, 1, 1, 33, 33, 256],
         ] {
             for causal in [false, true] {
                 let (err, backend) = attention_error(d, dtype, dims, causal, None);
@@ -290,12 +296,14 @@ fn flash_attention_matches_the_reference() {
 fn memory_efficient_attention_matches_the_reference() {
     let Some(d) = gpu() else { return };
     let _f = cuda::sdp::FLASH_SDP.guard_scoped(false);
-    for (dtype, bound) in [(DType::F32, 2e-5), (DType::Bf16, 1e-2)] {
+    for (dtype, bound) in [(DType::F32, 2e-5), (DType::F16, 2e-3), (DType::Bf16, 1e-2)] {
         for (dims, causal, mask) in [
             ([2, 3, 3, 17, 17, 64], false, None),
             ([1, 2, 2, 33, 90, 128], false, Some(DType::Bool)),
             ([1, 2, 2, 40, 40, 64], false, Some(dtype)),
             ([1, 2, 2, 20, 50, 64], true, None),
+            // The widest variant (head dims up to 256).
+            ([1, 1, 1, 17, 23, 200], false, Some(DType::Bool)),
         ] {
             let (err, backend) = attention_error(d, dtype, dims, causal, mask);
             assert_eq!(backend, SdpBackend::MemEfficient, "{dims:?}");
