@@ -57,17 +57,15 @@ impl Real for f64 {
     }
 }
 
-/// Splits `data` (whole lines of `line` elements) into one run of lines per thread, or
-/// one run where the work is small.
-fn runs<E>(data: &mut [E], line: usize) -> Vec<&mut [E]> {
-    let lines = data.len() / line.max(1);
-    let threads = if data.len() < PARALLEL_ABOVE {
+/// Lines per thread's run for `lines` lines of `line` elements: one run where the work is
+/// small, else one per thread.
+fn lines_per_run(lines: usize, line: usize) -> usize {
+    let threads = if lines * line < PARALLEL_ABOVE {
         1
     } else {
         get_num_threads().min(lines).max(1)
     };
-    let per = lines.div_ceil(threads).max(1) * line.max(1);
-    data.chunks_mut(per).collect()
+    lines.div_ceil(threads).max(1)
 }
 
 /// Runs `plan` over every line of `data` in place, spread over the pool.
@@ -77,8 +75,10 @@ where
 {
     let scratch_len = plan.get_inplace_scratch_len();
     let failed = std::sync::atomic::AtomicBool::new(false);
+    let n = plan.len();
     for_each(
-        runs(data, plan.len()),
+        data.chunks_mut(lines_per_run(data.len() / n, n) * n)
+            .collect(),
         &|run: &mut [Complex<T>]| match host_filled(OP, scratch_len, Complex::default()) {
             Ok(mut scratch) => plan.process_with_scratch(run, &mut scratch),
             Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
@@ -235,11 +235,12 @@ where
             crate::core::verbose::creation_event(|| format!("fft plan [{n}] RealForward"));
             Ok(RealFftPlanner::<T>::new().plan_fft_forward(n))
         })?;
-        let work: Vec<_> = runs(&mut data, n)
-            .into_iter()
-            .zip(out.chunks_mut(runs_len(lines_count, n) * half))
+        let per = lines_per_run(lines_count, n);
+        let work: Vec<_> = data
+            .chunks_mut(per * n)
+            .zip(out.chunks_mut(per * half))
             .collect();
-        each_line(work, |(input, output)| {
+        for_each(work, &|(input, output): (&mut [T], &mut [Complex<T>])| {
             let mut scratch = plan.make_scratch_vec();
             for (line, spectrum) in input.chunks_exact_mut(n).zip(output.chunks_exact_mut(half)) {
                 plan.process_with_scratch(line, spectrum, &mut scratch)
@@ -283,11 +284,12 @@ where
             Ok(RealFftPlanner::<T>::new().plan_fft_inverse(n))
         })?;
         let scale = T::one() / T::from_usize(n).expect("a length is a float");
-        let work: Vec<_> = runs(&mut spectra, width)
-            .into_iter()
-            .zip(out.chunks_mut(runs_len(lines_count, width) * n))
+        let per = lines_per_run(lines_count, width);
+        let work: Vec<_> = spectra
+            .chunks_mut(per * width)
+            .zip(out.chunks_mut(per * n))
             .collect();
-        each_line(work, |(input, output)| {
+        for_each(work, &|(input, output): (&mut [Complex<T>], &mut [T])| {
             let mut scratch = plan.make_scratch_vec();
             for (spectrum, line) in input
                 .chunks_exact_mut(width)
@@ -301,19 +303,4 @@ where
         });
     }
     T::store(out, out_shape, x.dtype())
-}
-
-/// Lines per run of [`runs`] for `lines` lines of `line` elements (the same split).
-fn runs_len(lines: usize, line: usize) -> usize {
-    let threads = if lines * line < PARALLEL_ABOVE {
-        1
-    } else {
-        get_num_threads().min(lines).max(1)
-    };
-    lines.div_ceil(threads).max(1)
-}
-
-/// Runs `work` on every item over the pool.
-fn each_line<I: Send>(items: Vec<I>, work: impl Fn(I) + Sync) {
-    for_each(items, &work);
 }
