@@ -98,7 +98,15 @@ pub(super) fn gemm<T: Element>(
             let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
             let mut out = vec![0f32; m * (j1 - j0)];
             if j1 > j0 {
-                columns(&rows, (m, k), b, (j0, j1), &mut out);
+                columns(Share {
+                    rows: &rows,
+                    m,
+                    k,
+                    b,
+                    j0,
+                    j1,
+                    out: &mut out,
+                });
             }
             *parts[range].lock().unwrap_or_else(|p| p.into_inner()) = out;
         }
@@ -112,89 +120,74 @@ pub(super) fn gemm<T: Element>(
     }
 }
 
-/// Columns `j0..j1` of C (`out`: `m` rows of `j1 - j0`) on the SIMD level in force.
-fn columns<T: Element>(
-    rows: &[f32],
-    (m, k): (usize, usize),
-    b: MatView<T>,
-    (j0, j1): (usize, usize),
-    out: &mut [f32],
-) {
+/// One thread's share of the product: columns `j0..j1` of C (`out`: `m` rows of `j1 - j0`)
+/// from A's rows (`rows`: `m x k` in f32) and B.
+struct Share<'a, E> {
+    rows: &'a [f32],
+    m: usize,
+    k: usize,
+    b: MatView<'a, E>,
+    j0: usize,
+    j1: usize,
+    out: &'a mut [f32],
+}
+
+impl<'a, T: Element> Share<'a, T> {
+    /// The same share with B seen as `E`, which is `T` (checked by the caller through
+    /// `T::DTYPE`).
+    fn cast<E: bytemuck::Pod>(self) -> Share<'a, E> {
+        Share {
+            rows: self.rows,
+            m: self.m,
+            k: self.k,
+            b: MatView {
+                data: bytemuck::cast_slice(self.b.data),
+                offset: self.b.offset,
+                rs: self.b.rs,
+                cs: self.b.cs,
+            },
+            j0: self.j0,
+            j1: self.j1,
+            out: self.out,
+        }
+    }
+}
+
+/// A share on the SIMD level in force, with B in its own element type.
+fn columns<T: Element>(share: Share<T>) {
     match T::DTYPE {
-        DType::F32 => level(rows, (m, k), view::<T, f32>(b), (j0, j1), out),
-        DType::Bf16 => level(rows, (m, k), view::<T, bf16>(b), (j0, j1), out),
+        DType::F32 => level(share.cast::<f32>()),
+        DType::Bf16 => level(share.cast::<bf16>()),
         _ => unreachable!("`kernel` takes f32 and bf16 only"),
     }
 }
 
-/// `b` as a view of `E`, which is `T` (checked by the caller through `T::DTYPE`).
-fn view<T: Element, E: bytemuck::Pod>(b: MatView<T>) -> MatView<E> {
-    MatView {
-        data: bytemuck::cast_slice(b.data),
-        offset: b.offset,
-        rs: b.rs,
-        cs: b.cs,
-    }
-}
-
-fn level<E: Load>(
-    rows: &[f32],
-    mk: (usize, usize),
-    b: MatView<E>,
-    cols: (usize, usize),
-    out: &mut [f32],
-) {
+fn level<E: Load>(share: Share<E>) {
     if let Some(token) = Avx512Token::get() {
-        avx512(token, rows, mk, b, cols, out);
+        avx512(token, share);
     } else if let Some(token) = Avx2Token::get() {
-        avx2(token, rows, mk, b, cols, out);
+        avx2(token, share);
     }
 }
 
-fn avx512<E: Load>(
-    _: Avx512Token,
-    rows: &[f32],
-    mk: (usize, usize),
-    b: MatView<E>,
-    cols: (usize, usize),
-    out: &mut [f32],
-) {
+fn avx512<E: Load>(_: Avx512Token, share: Share<E>) {
     #[target_feature(enable = "avx512f,fma")]
-    unsafe fn run<E: Load>(
-        rows: &[f32],
-        mk: (usize, usize),
-        b: MatView<E>,
-        cols: (usize, usize),
-        out: &mut [f32],
-    ) {
+    unsafe fn run<E: Load>(share: Share<E>) {
         // SAFETY: the CPU has AVX-512 (the caller's token).
-        unsafe { body::<__m512, E, 4>(rows, mk, b, cols, out) }
+        unsafe { body::<__m512, E, 4>(share) }
     }
     // SAFETY: the token proves the AVX-512 level (F and FMA).
-    unsafe { run(rows, mk, b, cols, out) }
+    unsafe { run(share) }
 }
 
-fn avx2<E: Load>(
-    _: Avx2Token,
-    rows: &[f32],
-    mk: (usize, usize),
-    b: MatView<E>,
-    cols: (usize, usize),
-    out: &mut [f32],
-) {
+fn avx2<E: Load>(_: Avx2Token, share: Share<E>) {
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run<E: Load>(
-        rows: &[f32],
-        mk: (usize, usize),
-        b: MatView<E>,
-        cols: (usize, usize),
-        out: &mut [f32],
-    ) {
+    unsafe fn run<E: Load>(share: Share<E>) {
         // SAFETY: the CPU has AVX2 and FMA (the caller's token).
-        unsafe { body::<__m256, E, 2>(rows, mk, b, cols, out) }
+        unsafe { body::<__m256, E, 2>(share) }
     }
     // SAFETY: the token proves AVX2 and FMA.
-    unsafe { run(rows, mk, b, cols, out) }
+    unsafe { run(share) }
 }
 
 /// Both layouts on vectors `V`; `NB` outputs of a dot product at a time.
@@ -202,13 +195,16 @@ fn avx2<E: Load>(
 /// # Safety
 /// The CPU has `V`'s instruction set.
 #[inline(always)]
-unsafe fn body<V: Vector, E: Load, const NB: usize>(
-    rows: &[f32],
-    (m, k): (usize, usize),
-    b: MatView<E>,
-    (j0, j1): (usize, usize),
-    out: &mut [f32],
-) {
+unsafe fn body<V: Vector, E: Load, const NB: usize>(share: Share<E>) {
+    let Share {
+        rows,
+        m,
+        k,
+        b,
+        j0,
+        j1,
+        out,
+    } = share;
     let width = j1 - j0;
     assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_ROWS);
     // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
