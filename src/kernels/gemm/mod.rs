@@ -205,6 +205,24 @@ mod tests {
         assert!(Rounding::Tf32.apply(f32::NAN).is_nan());
     }
 
+    /// The f64 product of row-major `a` (m x k) and `b` (k x n).
+    fn product(a: &[f64], b: &[f64], (m, n, k): (usize, usize, usize)) -> Vec<f64> {
+        (0..m * n)
+            .map(|e| (0..k).map(|p| a[e / n * k + p] * b[p * n + e % n]).sum())
+            .collect()
+    }
+
+    /// ‖c − want‖ / ‖want‖.
+    fn rel_err(c: &[f32], want: &[f64]) -> f64 {
+        let diff: f64 = c
+            .iter()
+            .zip(want)
+            .map(|(&x, y)| (f64::from(x) - y).powi(2))
+            .sum();
+        let norm: f64 = want.iter().map(|y| y * y).sum();
+        (diff / norm).sqrt()
+    }
+
     /// Every kernel a bf16 product can take on this CPU (the AVX512-BF16 dot products even
     /// where they are not chosen), against the exact product of the inputs rounded to bf16
     /// (to nearest even, as every kernel rounds them): only f32 accumulation error, far
@@ -242,9 +260,7 @@ mod tests {
                     .collect()
             };
             let (ra, rb) = (rounded(&a), rounded(&b));
-            let want: Vec<f64> = (0..m * n)
-                .map(|e| (0..k).map(|p| ra[e / n * k + p] * rb[p * n + e % n]).sum())
-                .collect();
+            let want = product(&ra, &rb, (m, n, k));
             for mk in &kernels {
                 let mut c = vec![f32::NAN; m * n];
                 let view = |data, rs| MatView {
@@ -262,13 +278,7 @@ mod tests {
                     Rounding::Bf16,
                     2,
                 );
-                let diff: f64 = c
-                    .iter()
-                    .zip(&want)
-                    .map(|(&x, y)| (f64::from(x) - y).powi(2))
-                    .sum();
-                let norm: f64 = want.iter().map(|y| y * y).sum();
-                let err = (diff / norm).sqrt();
+                let err = rel_err(&c, &want);
                 assert!(err < 1e-6, "{} {m}x{n}x{k}: {err}", mk.name);
             }
         }
@@ -286,13 +296,8 @@ mod tests {
                 .collect()
         };
         let (a, b) = (values(m * k, 17), values(k * n, 5));
-        let want: Vec<f64> = (0..m * n)
-            .map(|e| {
-                (0..k)
-                    .map(|p| f64::from(a[e / n * k + p]) * f64::from(b[p * n + e % n]))
-                    .sum()
-            })
-            .collect();
+        let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+        let want = product(&wide(&a), &wide(&b), (m, n, k));
         let (done, result) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             crate::runtime::threads::REFUSE_SPAWN.with(|r| r.set(true));
@@ -317,13 +322,7 @@ mod tests {
             .recv_timeout(std::time::Duration::from_secs(120))
             .expect("the product finished (no thread waits for one that never started)");
         for c in [free, alone] {
-            let diff: f64 = c
-                .iter()
-                .zip(&want)
-                .map(|(&x, y)| (f64::from(x) - y).powi(2))
-                .sum();
-            let norm: f64 = want.iter().map(|y| y * y).sum();
-            assert!((diff / norm).sqrt() < 1e-5);
+            assert!(rel_err(&c, &want) < 1e-5);
         }
     }
 }
