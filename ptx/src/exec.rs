@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::counters::{Accesses, Stats};
 use crate::decode::{Addr, Decoded, Op, Space, Special, Src, Step, Ty, decode};
 use crate::mma::{self, Shape};
 use crate::parse::Kernel;
@@ -126,66 +127,6 @@ pub struct Launch {
     pub counters: bool,
 }
 
-/// What a launch did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Instructions executed, over all threads.
-    pub instructions: u64,
-    /// Warps launched.
-    pub warps: u64,
-    /// `bar.sync` releases.
-    pub barriers: u64,
-    /// `mma.sync` instructions, per warp.
-    pub mma: u64,
-    /// Global memory traffic: the 32-byte sectors each warp-wide access touched (counted
-    /// where the launch asks for counters, as the two below).
-    pub global_sectors: u64,
-    /// The sectors those accesses need at least (their bytes / 32, rounded up, per access).
-    pub global_min_sectors: u64,
-    /// Extra shared-memory wavefronts from bank conflicts (0 when conflict-free).
-    pub shared_conflicts: u64,
-}
-
-impl Stats {
-    fn add(&mut self, other: &Stats) {
-        self.instructions += other.instructions;
-        self.warps += other.warps;
-        self.barriers += other.barriers;
-        self.mma += other.mma;
-        self.global_sectors += other.global_sectors;
-        self.global_min_sectors += other.global_min_sectors;
-        self.shared_conflicts += other.shared_conflicts;
-    }
-}
-
-impl fmt::Display for Stats {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let per_warp = self.instructions as f64 / 32.0 / self.warps.max(1) as f64;
-        write!(
-            f,
-            "{per_warp:.0} instructions per warp, {} mma, {} barriers, global {} sectors for {} \
-             needed ({:.2}x), {} extra shared wavefronts",
-            self.mma,
-            self.barriers,
-            self.global_sectors,
-            self.global_min_sectors,
-            self.global_sectors as f64 / self.global_min_sectors.max(1) as f64,
-            self.shared_conflicts
-        )
-    }
-}
-
-/// One warp-wide memory access: the same instruction's `k`-th execution by the lanes of a
-/// warp, gathered to count sectors and bank conflicts.
-#[derive(Default)]
-struct Access {
-    /// Global: the 32-byte sectors touched, and the bytes accessed.
-    sectors: std::collections::HashSet<u64>,
-    bytes: u64,
-    /// Shared: the distinct 4-byte words per bank.
-    banks: HashMap<u64, std::collections::HashSet<u64>>,
-}
-
 /// What a thread is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -213,7 +154,7 @@ struct Cta<'a> {
     shared: Vec<u8>,
     threads: Vec<Thread>,
     stats: Stats,
-    accesses: HashMap<(u32, usize, u32), Access>,
+    accesses: Accesses,
 }
 
 /// Runs `kernel` over the grid of `launch`, with global memory `memory`.
@@ -251,7 +192,7 @@ pub fn run(kernel: &Kernel, launch: &Launch, memory: &mut Memory) -> Result<Stat
             for x in 0..launch.grid[0] {
                 let mut cta = Cta::new(&decoded, launch, [x, y, z]);
                 cta.run(memory)?;
-                cta.tally();
+                cta.accesses.tally(&mut cta.stats);
                 stats.add(&cta.stats);
             }
         }
@@ -288,7 +229,7 @@ impl<'a> Cta<'a> {
                 ..Stats::default()
             },
             threads,
-            accesses: HashMap::new(),
+            accesses: Accesses::default(),
         }
     }
 
@@ -627,36 +568,7 @@ impl<'a> Cta<'a> {
         let visit = thread.visits.entry(pc).or_insert(0);
         let key = (thread.linear / 32, pc, *visit);
         *visit += 1;
-        let access = self.accesses.entry(key).or_default();
-        match space {
-            Space::Global => {
-                for sector in address / 32..=(address + bytes as u64 - 1) / 32 {
-                    access.sectors.insert(sector);
-                }
-                access.bytes += bytes as u64;
-            }
-            _ => {
-                for word in address / 4..=(address + bytes as u64 - 1) / 4 {
-                    access.banks.entry(word % 32).or_default().insert(word);
-                }
-            }
-        }
-    }
-
-    /// Folds the recorded warp-wide accesses into the counters.
-    fn tally(&mut self) {
-        for access in self.accesses.values() {
-            self.stats.global_sectors += access.sectors.len() as u64;
-            self.stats.global_min_sectors += access.bytes.div_ceil(32);
-            let wavefronts = access
-                .banks
-                .values()
-                .map(|w| w.len() as u64)
-                .max()
-                .unwrap_or(1);
-            self.stats.shared_conflicts += wavefronts.saturating_sub(1);
-        }
-        self.accesses.clear();
+        self.accesses.record(key, space, address, bytes as u64);
     }
 
     /// The byte offset in shared memory of a `bytes`-wide access.

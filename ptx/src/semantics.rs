@@ -13,38 +13,29 @@ pub(crate) fn f32_of(bits: u64) -> f32 {
     f32::from_bits(bits as u32)
 }
 
+/// The float arithmetic of `op` on `a` and `b` (f32 or f64), or `return None` from the
+/// caller for an op floats do not have. PTX's max/min give the other operand where one is
+/// NaN, as Rust's `max`/`min` do.
+macro_rules! float_arith {
+    ($op:expr, $a:expr, $b:expr) => {{
+        let (a, b) = ($a, $b);
+        match $op {
+            Arith::Add => a + b,
+            Arith::Sub => a - b,
+            Arith::Mul => a * b,
+            Arith::Div => a / b,
+            Arith::Max => a.max(b),
+            Arith::Min => a.min(b),
+            _ => return None,
+        }
+    }};
+}
+
 pub(crate) fn arith(op: Arith, ty: Ty, x: u64, y: u64) -> Option<u64> {
     let mask = ty.mask();
     Some(match ty {
-        Ty::F32 => {
-            let (a, b) = (f32_of(x), f32_of(y));
-            u64::from(
-                match op {
-                    Arith::Add => a + b,
-                    Arith::Sub => a - b,
-                    Arith::Mul => a * b,
-                    Arith::Div => a / b,
-                    // PTX's max/min give the other operand where one is NaN, as f32's do.
-                    Arith::Max => a.max(b),
-                    Arith::Min => a.min(b),
-                    _ => return None,
-                }
-                .to_bits(),
-            )
-        }
-        Ty::F64 => {
-            let (a, b) = (f64::from_bits(x), f64::from_bits(y));
-            match op {
-                Arith::Add => a + b,
-                Arith::Sub => a - b,
-                Arith::Mul => a * b,
-                Arith::Div => a / b,
-                Arith::Max => a.max(b),
-                Arith::Min => a.min(b),
-                _ => return None,
-            }
-            .to_bits()
-        }
+        Ty::F32 => u64::from(float_arith!(op, f32_of(x), f32_of(y)).to_bits()),
+        Ty::F64 => float_arith!(op, f64::from_bits(x), f64::from_bits(y)).to_bits(),
         Ty::Pred => match op {
             Arith::And => x & y & 1,
             Arith::Or => (x | y) & 1,
