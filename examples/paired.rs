@@ -7,14 +7,18 @@
 //! H = 16), `linear <f32|bf16> <m> <k> <n> <plain|t>` (`[m, k] x [k, n]`, the right side
 //! a plain matrix or the transposed view of an `[n, k]` weight, as `x @ W.t()`),
 //! `decode <f32|bf16> <heads> <kv heads> <keys> <head dim>` (one query row per head, B = 1)
-//! or `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of shape `dims`,
-//! complex ones with a trailing 2 added). Inputs are made once per distinct line.
+//! `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of shape `dims`,
+//! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
+//! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
+//! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
+//! with bias, the fast path). Inputs are made once per distinct line.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
 
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
-use backends::{DType, Device, SdpaOptions, Tensor, fft, matmul, sdpa};
+use backends::mha::{MhaOptions, MhaWeights, multi_head_attention_forward};
+use backends::{DType, Device, SdpaOptions, Tensor, einsum, fft, matmul, sdpa};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -23,6 +27,9 @@ enum Work {
     Gemm(Tensor, Tensor),
     Sdpa([Tensor; 3], bool),
     Fft(fn(&Tensor) -> backends::Result<Tensor>, Tensor),
+    Einsum(String, Vec<Tensor>),
+    /// Input, heads, then the in- and out-projection weights and biases.
+    Mha(Tensor, usize, [Tensor; 4]),
 }
 
 /// Values in [-1, 1) without a random generator (the timing does not depend on them).
@@ -94,6 +101,36 @@ fn parse(line: &str) -> Result<Work> {
             }
             Ok(Work::Fft(transform, filled(&dims, dtype, 1)?))
         }
+        Some(&"einsum") => {
+            let equation = words.get(2).ok_or_else(bad)?.to_string();
+            let operands = words
+                .get(3)
+                .ok_or_else(bad)?
+                .split(';')
+                .enumerate()
+                .map(|(seed, dims)| {
+                    let shape: Vec<usize> = dims
+                        .split(',')
+                        .map(|d| d.parse().map_err(|_| bad()))
+                        .collect::<std::result::Result<_, _>>()?;
+                    filled(&shape, dtype, seed + 1)
+                })
+                .collect::<Result<_>>()?;
+            Ok(Work::Einsum(equation, operands))
+        }
+        Some(&"mha") => {
+            let (n, l, e, h) = (number(2)?, number(3)?, number(4)?, number(5)?);
+            Ok(Work::Mha(
+                filled(&[n, l, e], dtype, 1)?,
+                h,
+                [
+                    filled(&[3 * e, e], dtype, 2)?,
+                    filled(&[3 * e], dtype, 3)?,
+                    filled(&[e, e], dtype, 4)?,
+                    filled(&[e], dtype, 5)?,
+                ],
+            ))
+        }
         _ => Err(bad().into()),
     }
 }
@@ -119,6 +156,21 @@ fn main() -> Result<()> {
                 drop(sdpa(q, k, v, &options)?);
             }
             Work::Fft(transform, x) => drop(transform(x)?),
+            Work::Einsum(equation, operands) => {
+                drop(einsum(equation, &operands.iter().collect::<Vec<_>>())?)
+            }
+            Work::Mha(x, heads, [w_in, b_in, w_out, b_out]) => {
+                let weights = MhaWeights {
+                    in_proj_weight: w_in,
+                    in_proj_bias: Some(b_in),
+                    out_proj_weight: w_out,
+                    out_proj_bias: Some(b_out),
+                };
+                let options = MhaOptions::default();
+                drop(multi_head_attention_forward(
+                    x, x, x, *heads, &weights, &options,
+                )?);
+            }
         }
         let seconds = start.elapsed().as_secs_f64();
         let mut out = stdout.lock();

@@ -63,8 +63,31 @@ fn check(equation: &str, explicit: &str, shapes: &[&[usize]], device: Device, bo
     let expected = naive(explicit, &rounded, &owned);
     let got = out.to_f64().unwrap();
     assert_eq!(got.len(), expected.len(), "{equation}");
-    let err = rel_err(&got, &expected);
+    let err = error(&got, &expected, explicit, &rounded, &owned);
     assert!(err < bound, "{equation}: relative error {err:e}");
+}
+
+/// ‖got − expected‖ relative to the naive sum of the terms' magnitudes: a sum that
+/// cancels (a trace or a dot product near 0) has rounding errors relative to its terms,
+/// not to its own small value, in any dtype below f64.
+fn error(
+    got: &[f64],
+    expected: &[f64],
+    equation: &str,
+    values: &[Vec<f64>],
+    shapes: &[Vec<usize>],
+) -> f64 {
+    let magnitudes: Vec<Vec<f64>> = values
+        .iter()
+        .map(|v| v.iter().map(|x| x.abs()).collect())
+        .collect();
+    let scale = naive(equation, &magnitudes, shapes);
+    let diff: f64 = got.iter().zip(expected).map(|(g, e)| (g - e).powi(2)).sum();
+    let norm: f64 = scale.iter().map(|x| x * x).sum();
+    if norm == 0.0 {
+        return diff.sqrt();
+    }
+    (diff / norm).sqrt()
 }
 
 const CASES: &[(&str, &str, &[&[usize]])] = &[
@@ -142,6 +165,67 @@ fn einsum_matches_without_path_optimisation_and_with_every_strategy() {
         Device::Cpu,
         1e-5,
     );
+}
+
+/// Operands given as views (a transpose, a narrowed slice, a broadcast), in f64, f32 and
+/// bf16: the result keeps the operands' dtype, within that dtype's bound of the naive sum
+/// of the same (rounded) values; the batched GEMMs split by batch or within each product.
+#[test]
+fn einsum_takes_views_and_keeps_the_dtype() {
+    let cases: &[(&str, &[&[usize]])] = &[
+        ("bhld,bhmd->bhlm", &[&[2, 3, 17, 8], &[2, 3, 19, 8]]),
+        ("bn,anm,bm->ba", &[&[5, 6], &[7, 6, 9], &[5, 9]]),
+        ("ij,jk,kl->il", &[&[9, 33], &[33, 20], &[20, 7]]),
+        ("anm,bm->abn", &[&[4, 6, 9], &[5, 9]]),
+        ("nm,anm->a", &[&[6, 9], &[4, 6, 9]]),
+        ("ii,ij->j", &[&[7, 7], &[7, 5]]),
+    ];
+    for dtype in [DType::F64, DType::F32, DType::Bf16] {
+        let bound = match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        };
+        for &(equation, shapes) in cases {
+            // Each operand is the transpose of a tensor one column wider than needed,
+            // narrowed back: non-contiguous, with an offset of one element.
+            let tensors: Vec<Tensor> = shapes
+                .iter()
+                .map(|shape| {
+                    let rank = shape.len();
+                    let mut wide: Vec<usize> = shape.to_vec();
+                    wide.swap(rank - 2, rank - 1);
+                    wide[rank - 1] += 1;
+                    let values = random(wide.iter().product());
+                    Tensor::from_f64(&values, &wide, dtype, Device::Cpu)
+                        .unwrap()
+                        .narrow(rank - 1, 1, wide[rank - 1] - 1)
+                        .unwrap()
+                        .t()
+                        .unwrap()
+                })
+                .collect();
+            let values: Vec<Vec<f64>> = tensors.iter().map(|t| t.to_f64().unwrap()).collect();
+            let owned: Vec<Vec<usize>> = shapes.iter().map(|s| s.to_vec()).collect();
+            let expected = naive(equation, &values, &owned);
+            let refs: Vec<&Tensor> = tensors.iter().collect();
+            let out = einsum(equation, &refs).unwrap_or_else(|e| panic!("{equation}: {e}"));
+            assert_eq!(out.dtype(), dtype, "{equation}");
+            let err = error(&out.to_f64().unwrap(), &expected, equation, &values, &owned);
+            assert!(err < bound, "{equation} {dtype}: relative error {err:e}");
+        }
+    }
+    // A broadcast operand (stride 0) and a batch of 8 small products (split by batch).
+    let row = Tensor::from_f64(&random(6), &[1, 6], DType::F32, Device::Cpu).unwrap();
+    let broadcast = row.expand(&[8, 6]).unwrap();
+    let stack = Tensor::from_f64(&random(8 * 6 * 5), &[8, 6, 5], DType::F32, Device::Cpu).unwrap();
+    let out = einsum("bi,bij->bj", &[&broadcast, &stack]).unwrap();
+    let expected = naive(
+        "bi,bij->bj",
+        &[broadcast.to_f64().unwrap(), stack.to_f64().unwrap()],
+        &[vec![8, 6], vec![8, 6, 5]],
+    );
+    assert!(rel_err(&out.to_f64().unwrap(), &expected) < 1e-5);
 }
 
 #[test]

@@ -14,3 +14,4 @@ pub mod sdp;
 pub mod tensor;
 pub mod trace;
 pub mod verbose;
+pub mod view;

@@ -7,16 +7,19 @@
 //! one operand takes its diagonal; a label absent from the output is summed. Sizes of a
 //! label must agree, except that 1 broadcasts.
 //!
-//! Each pairwise step puts its operands in `[batch, free, contracted]` order and runs one
-//! batched [`matmul`](crate::ops::matmul) on the operands' device in their dtype; the
-//! rearrangements (diagonals, sums of a label only one operand holds, permutations) run on
-//! the host.
+//! Everything stays in the operands' dtype on their device. Diagonals, broadcasts and
+//! permutations are views; each pairwise step views its operands as `[batch, free,
+//! contracted]` matrices (one contiguous copy of an operand only where its strides cannot
+//! be grouped that way) and runs one batched [`matmul`](crate::ops::matmul); a label only
+//! one operand holds is summed by a product with a row of ones; the result is made
+//! contiguous once, in the output's order.
 
 pub mod path;
 
-use crate::core::tensor::{checked_numel, contiguous_strides, host_zeros};
-use crate::{DType, Device, Error, Result, Tensor};
-use path::{ContractionPath, Indices, Problem, bits};
+use crate::core::tensor::checked_numel;
+use crate::core::view::view_strides;
+use crate::{DType, Error, Result, Tensor};
+use path::{ContractionPath, Indices, Problem};
 
 /// What einsum's errors name.
 const OP: &str = "einsum";
@@ -233,170 +236,191 @@ pub fn einsum_path(equation: &str, shapes: &[&[usize]]) -> Result<ContractionPat
     Ok(eq.problem(&sets))
 }
 
-/// An operand on the host: row-major f64 values, one distinct label per dimension.
+/// An operand during the contraction: a view of a tensor (no copy) whose dimensions carry
+/// distinct labels, each at its label's full size (diagonals taken, size-1 dimensions
+/// broadcast with stride 0).
 struct Operand {
-    values: Vec<f64>,
+    tensor: Tensor,
     labels: Vec<u8>,
 }
 
 impl Operand {
-    fn shape(&self, sizes: &[usize; 64]) -> Vec<usize> {
-        self.labels.iter().map(|&l| sizes[l as usize]).collect()
-    }
-
-    /// From raw labels (maybe repeated, maybe size-1 broadcast dims): takes diagonals and
-    /// broadcasts to the full sizes.
-    fn new(values: Vec<f64>, shape: &[usize], raw: &[u8], sizes: &[usize; 64]) -> Result<Operand> {
+    /// From an input with raw labels (maybe repeated, maybe size-1 broadcast dimensions).
+    fn new(t: &Tensor, raw: &[u8], sizes: &[usize; 64]) -> Operand {
         let mut labels: Vec<u8> = Vec::new();
         for &l in raw {
             if !labels.contains(&l) {
                 labels.push(l);
             }
         }
-        let raw_strides = contiguous_strides(shape);
-        let strides: Vec<usize> = labels
+        // A repeated label walks the diagonal: the sum of its dimensions' strides (which
+        // stays inside the tensor, every such dimension having the label's size); a size-1
+        // dimension adds nothing, so alone it broadcasts.
+        let strides = labels
             .iter()
             .map(|&l| {
                 raw.iter()
-                    .zip(shape)
-                    .zip(&raw_strides)
-                    .filter(|((x, size), _)| **x == l && **size > 1)
-                    .map(|(_, s)| s)
+                    .zip(t.shape().iter().zip(t.strides()))
+                    .filter(|(x, (size, _))| **x == l && **size > 1)
+                    .map(|(_, (_, stride))| stride)
                     .sum()
             })
             .collect();
-        let out_shape: Vec<usize> = labels.iter().map(|&l| sizes[l as usize]).collect();
-        Ok(Operand {
-            values: gather(&values, &strides, &out_shape)?,
+        let shape = labels.iter().map(|&l| sizes[l as usize]).collect();
+        Operand {
+            tensor: t.with_layout(shape, strides, t.offset()),
             labels,
-        })
+        }
     }
 
-    /// Sums away every label not in `keep`.
-    fn reduce(self, keep: Indices, sizes: &[usize; 64]) -> Result<Operand> {
-        if self.labels.iter().all(|&l| keep >> l & 1 == 1) {
-            return Ok(self);
-        }
-        let labels: Vec<u8> = self
-            .labels
+    fn set(&self) -> Indices {
+        set_of(&self.labels)
+    }
+
+    /// The view with its dimensions in the order of `labels` (a permutation of its own).
+    fn permuted(&self, labels: &[u8]) -> Result<Tensor> {
+        let dims: Vec<usize> = labels
+            .iter()
+            .map(|l| {
+                self.labels
+                    .iter()
+                    .position(|x| x == l)
+                    .expect("a permutation of the operand's labels")
+            })
+            .collect();
+        self.tensor.permute(&dims)
+    }
+
+    /// Its labels that are in `set`, in its own order.
+    fn labels_in(&self, set: Indices) -> Vec<u8> {
+        self.labels
             .iter()
             .copied()
-            .filter(|&l| keep >> l & 1 == 1)
-            .collect();
-        let kept_shape: Vec<usize> = labels.iter().map(|&l| sizes[l as usize]).collect();
-        let kept_strides = contiguous_strides(&kept_shape);
-        let to: Vec<usize> = self
-            .labels
-            .iter()
-            .map(|l| {
-                labels
-                    .iter()
-                    .position(|x| x == l)
-                    .map_or(0, |i| kept_strides[i])
-            })
-            .collect();
-        let mut values = host_zeros(OP, elements(&kept_shape)?)?;
-        let shape = self.shape(sizes);
-        for_each_index(&shape, &to, |i, at| values[at] += self.values[i]);
-        Ok(Operand { values, labels })
+            .filter(|&l| set >> l & 1 == 1)
+            .collect()
     }
 
-    /// Its values with the dimensions in `order` (a permutation of its labels).
-    fn permuted(&self, order: &[u8], sizes: &[usize; 64]) -> Result<Vec<f64>> {
-        let strides = contiguous_strides(&self.shape(sizes));
-        let by_label: Vec<usize> = order
-            .iter()
-            .map(|l| {
-                strides[self
-                    .labels
-                    .iter()
-                    .position(|x| x == l)
-                    .expect("a permutation")]
-            })
-            .collect();
-        let shape: Vec<usize> = order.iter().map(|&l| sizes[l as usize]).collect();
-        gather(&self.values, &by_label, &shape)
-    }
-}
-
-/// The element count of an operand or intermediate (f64) of `shape`, or a typed error where
-/// its extent overflows the address space.
-fn elements(shape: &[usize]) -> Result<usize> {
-    checked_numel(OP, shape, DType::F64)
-}
-
-/// Calls `f(linear index, Σ index·strides)` for every index of `shape` in row-major order.
-fn for_each_index(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize, usize)) {
-    let n: usize = shape.iter().product();
-    let mut index = vec![0usize; shape.len()];
-    let mut at = 0;
-    for i in 0..n {
-        f(i, at);
-        for d in (0..shape.len()).rev() {
-            index[d] += 1;
-            at += strides[d];
-            if index[d] < shape[d] {
-                break;
-            }
-            at -= strides[d] * shape[d];
-            index[d] = 0;
+    /// Sums away every label not in `keep`: one product with a row of ones,
+    /// `[1, summed] x [summed, kept]`.
+    fn reduce(self, keep: Indices, sizes: &[usize; 64]) -> Result<Operand> {
+        let summed = self.labels_in(!keep);
+        if summed.is_empty() {
+            return Ok(self);
         }
+        let kept = self.labels_in(keep);
+        let (rows, columns) = (count(&summed, sizes)?, count(&kept, sizes)?);
+        let values = self
+            .permuted(&[summed, kept.clone()].concat())?
+            .reshape(&[rows, columns])?;
+        let (dtype, device) = (self.tensor.dtype(), self.tensor.device());
+        let ones = Tensor::from_f64(&[1.0], &[1, 1], dtype, device)?.expand(&[1, rows])?;
+        let sum = crate::matmul(&ones, &values)?;
+        Ok(Operand {
+            tensor: sum.view(&shape_of(&kept, sizes))?,
+            labels: kept,
+        })
     }
 }
 
-/// The row-major elements of `shape` read from `values` at `Σ index·strides`.
-fn gather(values: &[f64], strides: &[usize], shape: &[usize]) -> Result<Vec<f64>> {
-    let mut out = host_zeros(OP, elements(shape)?)?;
-    for_each_index(shape, strides, |i, at| out[i] = values[at]);
-    Ok(out)
+/// The sizes of `labels`.
+fn shape_of(labels: &[u8], sizes: &[usize; 64]) -> Vec<usize> {
+    labels.iter().map(|&l| sizes[l as usize]).collect()
 }
 
-/// Contracts `a` and `b` with one batched GEMM on `device` in `dtype`, keeping the
-/// labels in `keep`.
-fn contract(
-    a: Operand,
-    b: Operand,
-    keep: Indices,
-    sizes: &[usize; 64],
-    dtype: DType,
-    device: Device,
-) -> Result<Operand> {
-    let (sa, sb) = (set_of(&a.labels), set_of(&b.labels));
+/// The element count of `labels`' dimensions, or a typed error where it overflows.
+fn count(labels: &[u8], sizes: &[usize; 64]) -> Result<usize> {
+    checked_numel(OP, &shape_of(labels, sizes), DType::F64)
+}
+
+/// Contracts `a` and `b` with one batched GEMM, keeping the labels in `keep`: each side is
+/// viewed as `[batch, free, contracted]` (a copy only where its strides cannot be grouped
+/// so), and the product `[batch, free a, free b]` is the new operand.
+fn contract(a: Operand, b: Operand, keep: Indices, sizes: &[usize; 64]) -> Result<Operand> {
     // A label only one side holds and nothing later needs is summed first.
+    let (sa, sb) = (a.set(), b.set());
     let a = a.reduce(keep | sb, sizes)?;
     let b = b.reduce(keep | sa, sizes)?;
-    let (sa, sb) = (set_of(&a.labels), set_of(&b.labels));
-    let pick = |set: Indices| -> Vec<u8> { bits(set).map(|l| l as u8).collect() };
-    let batch = pick(sa & sb & keep);
-    let inner = pick(sa & sb & !keep);
-    let (m, n) = (pick(sa & !sb), pick(sb & !sa));
-    let count = |labels: &[u8]| {
-        elements(
-            &labels
-                .iter()
-                .map(|&l| sizes[l as usize])
-                .collect::<Vec<_>>(),
-        )
+    let (sa, sb) = (a.set(), b.set());
+    // Labels both sides share take the larger operand's memory order, so that it is the
+    // one more likely to be seen as a matrix without a copy.
+    let larger = if a.tensor.numel() >= b.tensor.numel() {
+        &a
+    } else {
+        &b
     };
-    let (bt, mm, nn, kk) = (count(&batch)?, count(&m)?, count(&n)?, count(&inner)?);
-    let cat = |parts: [&[u8]; 3]| parts.concat();
-    let left = Tensor::from_f64(
-        &a.permuted(&cat([&batch, &m, &inner]), sizes)?,
-        &[bt, mm, kk],
-        dtype,
-        device,
-    )?;
-    let right = Tensor::from_f64(
-        &b.permuted(&cat([&batch, &inner, &n]), sizes)?,
-        &[bt, kk, nn],
-        dtype,
-        device,
-    )?;
-    let product = crate::matmul(&left, &right)?;
-    Ok(Operand {
-        values: product.to_f64()?,
-        labels: cat([&batch, &m, &n]),
-    })
+    let batch = larger.labels_in(sa & sb & keep);
+    let inner = larger.labels_in(sa & sb & !keep);
+    let (free_a, free_b) = (a.labels_in(sa & !sb), b.labels_in(sb & !sa));
+    // Without shared kept labels, a side whose free labels cannot be grouped with its
+    // contracted ones lends its outer free labels as the product's batch, over which the
+    // other side is broadcast: a batch of GEMMs instead of a copy of that side.
+    if batch.is_empty() {
+        if let Some((outer, rest)) = lendable_batch(&b, &free_b, &inner, false, sizes) {
+            let left = matrix(&a, [&[], &free_a, &inner], sizes)?;
+            let right = matrix(&b, [&outer, &inner, &rest], sizes)?;
+            return product(&left, &right, [outer, free_a, rest].concat(), sizes);
+        }
+        if let Some((outer, rest)) = lendable_batch(&a, &free_a, &inner, true, sizes) {
+            let left = matrix(&a, [&outer, &rest, &inner], sizes)?;
+            let right = matrix(&b, [&[], &inner, &free_b], sizes)?;
+            return product(&left, &right, [outer, rest, free_b].concat(), sizes);
+        }
+    }
+    let left = matrix(&a, [&batch, &free_a, &inner], sizes)?;
+    let right = matrix(&b, [&batch, &inner, &free_b], sizes)?;
+    product(&left, &right, [batch, free_a, free_b].concat(), sizes)
+}
+
+/// `operand` as a `[batch, rows, columns]` matrix of the three label groups: a view where
+/// its strides allow, else a contiguous copy.
+fn matrix(operand: &Operand, groups: [&[u8]; 3], sizes: &[usize; 64]) -> Result<Tensor> {
+    let [batch, rows, columns] = groups.map(|g| count(g, sizes));
+    operand
+        .permuted(&groups.concat())?
+        .reshape(&[batch?, rows?, columns?])
+}
+
+/// The batched product of two matrices, viewed with `labels` (batch, then rows, then
+/// columns).
+fn product(left: &Tensor, right: &Tensor, labels: Vec<u8>, sizes: &[usize; 64]) -> Result<Operand> {
+    let tensor = crate::matmul(left, right)?.view(&shape_of(&labels, sizes))?;
+    Ok(Operand { tensor, labels })
+}
+
+/// For a side that would need a copy to become a matrix of its free and contracted labels
+/// (`free_first`: rows are the free labels, as the left side), its free labels that lie
+/// outside every contracted one in memory (`outer`) and the rest, where `[outer, matrix of
+/// the rest]` is a view.
+fn lendable_batch(
+    operand: &Operand,
+    free: &[u8],
+    inner: &[u8],
+    free_first: bool,
+    sizes: &[usize; 64],
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    let grouped = |outer: &[u8], rest: &[u8]| {
+        let (rows, columns): (&[u8], &[u8]) = if free_first {
+            (rest, inner)
+        } else {
+            (inner, rest)
+        };
+        let order = [outer, rows, columns].concat();
+        let view = operand.permuted(&order).ok()?;
+        let shape = [outer, rows, columns].map(|g| g.iter().map(|&l| sizes[l as usize]).product());
+        view_strides(view.shape(), view.strides(), &shape)
+    };
+    if grouped(&[], free).is_some() {
+        return None;
+    }
+    let stride = |l: u8| {
+        let dim = operand.labels.iter().position(|&x| x == l)?;
+        Some(operand.tensor.strides()[dim])
+    };
+    let widest_inner = inner.iter().filter_map(|&l| stride(l)).max()?;
+    let (outer, rest): (Vec<u8>, Vec<u8>) = free
+        .iter()
+        .partition(|&&l| stride(l).is_some_and(|s| s > widest_inner));
+    (!outer.is_empty() && grouped(&outer, &rest).is_some()).then_some((outer, rest))
 }
 
 /// `torch.einsum(equation, *operands)`: see the module docs for the equation syntax. The
@@ -434,27 +458,21 @@ pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
     let mut ops: Vec<Operand> = operands
         .iter()
         .zip(&eq.inputs)
-        .map(|(t, raw)| Operand::new(t.to_f64()?, t.shape(), raw, &eq.sizes))
-        .collect::<Result<_>>()?;
-    let sets: Vec<Indices> = ops.iter().map(|o| set_of(&o.labels)).collect();
+        .map(|(t, raw)| Operand::new(t, raw, &eq.sizes))
+        .collect();
+    let sets: Vec<Indices> = ops.iter().map(Operand::set).collect();
     let plan = eq.problem(&sets);
     let output = set_of(&eq.output);
     for step in plan.path.iter().filter(|s| s.len() == 2) {
         let (i, j) = (step[0], step[1]);
         let b = ops.remove(j);
         let a = ops.remove(i);
-        let others = ops.iter().fold(0, |acc, o| acc | set_of(&o.labels));
-        ops.push(contract(a, b, output | others, &eq.sizes, dtype, device)?);
+        let others = ops.iter().fold(0, |acc, o| acc | o.set());
+        ops.push(contract(a, b, output | others, &eq.sizes)?);
     }
     let last = ops
         .pop()
         .expect("the path leaves one operand")
         .reduce(output, &eq.sizes)?;
-    let shape: Vec<usize> = eq.output.iter().map(|&l| eq.sizes[l as usize]).collect();
-    Tensor::from_f64(
-        &last.permuted(&eq.output, &eq.sizes)?,
-        &shape,
-        dtype,
-        device,
-    )
+    last.permuted(&eq.output)?.contiguous()
 }

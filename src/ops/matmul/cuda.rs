@@ -222,6 +222,7 @@ mod tests {
             out_shape: vec![batch, m, n],
             a: [m * k, k, 1],
             b: [k * n, n, 1],
+            offsets: [0, 0],
         }
     }
 

@@ -52,6 +52,8 @@ struct Problem {
     /// Batch, row and column strides of each operand (batch stride 0 when broadcast).
     a: [usize; 3],
     b: [usize; 3],
+    /// Where each operand's first element is in its buffer.
+    offsets: [usize; 2],
 }
 
 impl Problem {
@@ -127,6 +129,7 @@ fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
         out_shape,
         a: strides(a, ra, ba),
         b: strides(b, rb, bb),
+        offsets: [a.offset(), b.offset()],
     })
 }
 
@@ -221,7 +224,8 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                     a.cpu_data::<f64>(),
                     b.cpu_data::<f64>(),
                     &mut out,
-                    |va, vb, c| gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
+                    threads,
+                    |va, vb, c, threads| gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
                 );
                 Tensor::from_vec(out, &p.out_shape, Device::Cpu)
             })
@@ -285,7 +289,8 @@ fn run_cpu<T: Element>(
             a.cpu_data::<T>(),
             b.cpu_data::<T>(),
             &mut out,
-            |va, vb, c| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
+            threads,
+            |va, vb, c, threads| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
         );
         Tensor::from_vec(
             narrow::<T>("matmul", out, threads)?,
@@ -295,33 +300,62 @@ fn run_cpu<T: Element>(
     })
 }
 
-/// Runs `product` on every batch's views, writing each batch's `m x n` result into its
-/// part of `out`.
-fn each_batch<T: Element, O>(
+/// Multiply-adds below which one product of a batch is not split among threads when the
+/// batch can be instead (each thread then runs whole products: no meeting per product).
+const BATCH_SPLIT_WORK: usize = 1 << 26;
+
+/// Runs `product` on every batch's views with a thread count, writing each batch's
+/// `m x n` result into its part of `out`: small products of a batch that divides among the
+/// threads run whole on one thread each, the others one after another on every thread.
+fn each_batch<T: Element, O: Send>(
     p: &Problem,
     a: Option<&[T]>,
     b: Option<&[T]>,
     out: &mut [O],
-    product: impl Fn(MatView<T>, MatView<T>, &mut [O]),
+    threads: usize,
+    product: impl Fn(MatView<T>, MatView<T>, &mut [O], usize) + Sync,
 ) {
     let (a, b) = (
         a.expect("a CPU tensor has host data"),
         b.expect("a CPU tensor has host data"),
     );
-    for (i, c) in out.chunks_mut((p.m * p.n).max(1)).take(p.batch).enumerate() {
+    let run = |i: usize, c: &mut [O], threads: usize| {
         let va = MatView {
             data: a,
-            offset: i * p.a[0],
+            offset: p.offsets[0] + i * p.a[0],
             rs: p.a[1],
             cs: p.a[2],
         };
         let vb = MatView {
             data: b,
-            offset: i * p.b[0],
+            offset: p.offsets[1] + i * p.b[0],
             rs: p.b[1],
             cs: p.b[2],
         };
-        product(va, vb, c);
+        product(va, vb, c, threads);
+    };
+    let per = p.m * p.n;
+    if per == 0 {
+        return;
+    }
+    let divides = p.batch.is_multiple_of(threads) || p.batch >= 4 * threads;
+    let small = per.saturating_mul(p.k) < BATCH_SPLIT_WORK;
+    if threads > 1 && p.batch > 1 && divides && small {
+        let share = p.batch.div_ceil(threads);
+        let groups: Vec<(usize, &mut [O])> = out[..p.batch * per]
+            .chunks_mut(share * per)
+            .enumerate()
+            .map(|(g, chunk)| (g * share, chunk))
+            .collect();
+        crate::runtime::threads::for_each(groups, &|(first, chunk): (usize, &mut [O])| {
+            for (i, c) in chunk.chunks_mut(per).enumerate() {
+                run(first + i, c, 1);
+            }
+        });
+        return;
+    }
+    for (i, c) in out.chunks_mut(per).take(p.batch).enumerate() {
+        run(i, c, threads);
     }
 }
 
