@@ -574,3 +574,79 @@ fn a_product_too_large_for_the_machine_is_an_out_of_memory_error() {
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
     assert!(err.to_string().contains("use smaller inputs"), "{err}");
 }
+
+/// `linear` (`x · Wᵀ + b`) on an N-D input: the bias joins the f32 accumulators on the
+/// CPU (one rounding to bf16), and is added on wgpu; the result keeps the input's leading
+/// dimensions. Operands with offsets (a narrowed weight) on both devices.
+#[test]
+fn linear_adds_the_bias_and_keeps_leading_dimensions() {
+    let (batch, rows, width, out) = (2, 5, 37, 11);
+    let mut runs = vec![
+        (DType::F32, Device::Cpu, 1e-5),
+        (DType::F64, Device::Cpu, 1e-12),
+        (DType::Bf16, Device::Cpu, 1e-2),
+    ];
+    runs.extend(adapter().map(|device| (DType::F32, device, 1e-5)));
+    for (dtype, device, bound) in runs {
+        let x = Tensor::from_f64(
+            &random(batch * rows * width),
+            &[batch, rows, width],
+            dtype,
+            device,
+        )
+        .unwrap();
+        // Rows 1..=out of a taller weight, and its bias likewise: views with offsets.
+        let w = Tensor::from_f64(&random((out + 2) * width), &[out + 2, width], dtype, device)
+            .unwrap()
+            .narrow(0, 1, out)
+            .unwrap();
+        let b = Tensor::from_f64(&random(out + 2), &[out + 2], dtype, device)
+            .unwrap()
+            .narrow(0, 2, out)
+            .unwrap();
+        let y = backends::linear(&x, &w, Some(&b)).unwrap();
+        assert_eq!(y.shape(), [batch, rows, out]);
+        assert_eq!(y.dtype(), dtype);
+        let (xv, wv, bv) = (
+            x.to_f64().unwrap(),
+            w.to_f64().unwrap(),
+            b.to_f64().unwrap(),
+        );
+        let wt: Vec<f64> = (0..width * out)
+            .map(|e| wv[(e % out) * width + e / out])
+            .collect();
+        let mut expected = reference(&xv, &wt, batch * rows, out, width);
+        for (e, value) in expected.iter_mut().enumerate() {
+            *value += bv[e % out];
+        }
+        let err = rel_err(&y.to_f64().unwrap(), &expected);
+        assert!(err < bound, "{dtype} on {device}: {err:e}");
+        // Without a bias: the plain product.
+        let plain = backends::linear(&x, &w, None).unwrap();
+        let expected = reference(&xv, &wt, batch * rows, out, width);
+        assert!(rel_err(&plain.to_f64().unwrap(), &expected) < bound);
+    }
+    let x = Tensor::full(1f32, &[3, 4], Device::Cpu).unwrap();
+    let w = Tensor::full(1f32, &[2, 4], Device::Cpu).unwrap();
+    for (weight, bias) in [
+        (Tensor::full(1f32, &[2, 5], Device::Cpu).unwrap(), None),
+        (Tensor::full(1f32, &[8], Device::Cpu).unwrap(), None),
+        (
+            w.clone(),
+            Some(Tensor::full(1f32, &[3], Device::Cpu).unwrap()),
+        ),
+        (
+            w.clone(),
+            Some(Tensor::full(1f64, &[2], Device::Cpu).unwrap()),
+        ),
+    ] {
+        let r = backends::linear(&x, &weight, bias.as_ref());
+        assert!(
+            matches!(
+                r,
+                Err(Error::ShapeMismatch { .. } | Error::DTypeMismatch { .. })
+            ),
+            "{r:?}"
+        );
+    }
+}

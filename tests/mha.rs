@@ -31,7 +31,11 @@ impl Layer {
     }
 
     fn tensors(&self) -> [Tensor; 4] {
-        let t = |v: &[f64], s: &[usize]| Tensor::from_f64(v, s, DType::F32, Device::Cpu).unwrap();
+        self.tensors_in(DType::F32, Device::Cpu)
+    }
+
+    fn tensors_in(&self, dtype: DType, device: Device) -> [Tensor; 4] {
+        let t = |v: &[f64], s: &[usize]| Tensor::from_f64(v, s, dtype, device).unwrap();
         [
             t(&self.w_in, &[3 * E, E]),
             t(&self.b_in, &[3 * E]),
@@ -150,6 +154,48 @@ fn fast_and_composed_paths_agree_with_the_reference() {
         }
         let between = rel_err(&values(&fast.output), &values(&composed.output));
         assert!(between < 1e-5, "{between:e}");
+    }
+}
+
+/// Both paths keep the inputs' dtype (f64 to within f64 rounding, bf16 within its bound,
+/// against the reference on the same rounded values), and run on wgpu.
+#[test]
+fn both_paths_keep_the_dtype_and_run_on_wgpu() {
+    let mut runs = vec![
+        (DType::F64, Device::Cpu, 1e-12),
+        (DType::Bf16, Device::Cpu, 1e-2),
+    ];
+    runs.extend(common::adapter().map(|device| (DType::F32, device, 1e-5)));
+    for (dtype, device, bound) in runs {
+        let layer = Layer::random();
+        let tensors = layer.tensors_in(dtype, device);
+        let rounded = |t: &Tensor| t.to_f64().unwrap();
+        let layer = Layer {
+            w_in: rounded(&tensors[0]),
+            b_in: rounded(&tensors[1]),
+            w_out: rounded(&tensors[2]),
+            b_out: rounded(&tensors[3]),
+        };
+        let x = Tensor::from_f64(&random(N * L * E), &[N, L, E], dtype, device).unwrap();
+        let xv = values(&x);
+        let padding: Vec<bool> = (0..N * L).map(|i| i >= L + 6).collect();
+        let mask = Tensor::from_bools(&padding, &[N, L], device).unwrap();
+        let options = MhaOptions {
+            key_padding_mask: Some(&mask),
+            ..MhaOptions::default()
+        };
+        let reference = layer.reference(&xv, &xv, L, &padding, false);
+        let fast = run(&tensors, &x, &x, &options);
+        let composed = {
+            let _off = mha::FASTPATH.guard_scoped(false);
+            run(&tensors, &x, &x, &options)
+        };
+        for out in [&fast, &composed] {
+            assert_eq!(out.output.dtype(), dtype);
+            assert_eq!(out.output.device(), device);
+            let err = rel_err(&values(&out.output), &reference);
+            assert!(err < bound, "{dtype} {device} {:?}: {err:e}", out.path);
+        }
     }
 }
 

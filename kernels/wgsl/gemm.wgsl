@@ -1,4 +1,4 @@
-// Batched GEMM: C[b] = A[b] · B[b] over strided views, fp32 accumulate.
+// Batched GEMM: C[b] = A[b] · B[b] over strided views (with offsets), fp32 accumulate.
 //
 // Specialisation (injected before this text as WGSL declarations):
 //   alias T        element type of A, B, C (f32, or f16 where the adapter has shader-f16)
@@ -14,6 +14,8 @@ struct Params {
     a_batch: u32, a_row: u32, a_col: u32,
     b_batch: u32, b_row: u32, b_col: u32,
     c_batch: u32, c_row: u32,
+    a_offset: u32, b_offset: u32,  // the first element of each operand's view
+    pad0: u32, pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> A: array<T>;
@@ -49,8 +51,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let b = wg.z;
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
-    let a_base = b * p.a_batch;
-    let b_base = b * p.b_batch;
+    let a_base = p.a_offset + b * p.a_batch;
+    let b_base = p.b_offset + b * p.b_batch;
     var acc: array<array<f32, TN>, TM>;
     for (var k0 = 0u; k0 < p.K; k0 += BK) {
         for (var e = tid; e < BM * BK; e += 256u) {

@@ -8,7 +8,10 @@
 //! batch entry. Otherwise the composed path runs: three projections, explicit scores,
 //! masking, softmax and weighted sum (returning the head-averaged weights when asked).
 //! Both give the same result within rounding; the trace line (`mha_fast_path` or
-//! `mha_composed`) says which ran.
+//! `mha_composed`) says which ran. Everything stays in the inputs' dtype on their device:
+//! the projections are [`linear`] calls on views of the packed weights (bias fused on the
+//! CPU), heads are views made contiguous once; only the composed path's softmax rows and
+//! the masks are built on the host.
 //!
 //! A query that sees no key (a fully padded batch entry) attends to nothing: its attended
 //! values are 0 and its output the output projection's bias, as PyTorch gives without
@@ -16,9 +19,13 @@
 //! output alike, and so does this.
 
 use crate::core::flag::Flag;
-use crate::core::tensor::host_zeros;
+use std::ops::Range;
+
+use half::{bf16, f16};
+
+use crate::core::tensor::{Element, host_zeros};
 use crate::core::trace::{self, Call};
-use crate::ops::matmul::matmul;
+use crate::ops::matmul::{linear, matmul};
 use crate::{DType, Error, Result, SdpaOptions, Tensor};
 
 const OP: &str = "multi_head_attention_forward";
@@ -196,70 +203,29 @@ fn dims(
     })
 }
 
-/// `x [rows, E] · Wᵀ + bias` for rows `rows` of the weight `w` (`[*, E]`), as `[rows, out]`
-/// values on the host.
-fn project(
-    x: &Tensor,
-    w: &Tensor,
-    rows: std::ops::Range<usize>,
-    bias: Option<&[f64]>,
-) -> Result<Vec<f64>> {
-    let (e, out) = (w.shape()[1], rows.len());
-    let all = w.to_f64()?;
-    let part = Tensor::from_f64(
-        &all[rows.start * e..rows.end * e],
-        &[out, e],
-        w.dtype(),
-        w.device(),
-    )?;
-    let x2 = as_rows(x, e)?;
-    let mut y = matmul(&x2, &part.t()?)?.to_f64()?;
-    if let Some(bias) = bias {
-        for row in y.chunks_mut(out) {
-            for (v, b) in row.iter_mut().zip(&bias[rows.clone()]) {
-                *v += b;
-            }
-        }
-    }
-    Ok(y)
+/// `x [.., E]` through rows `rows` of a packed projection `w` (and its bias): `[..,
+/// rows.len()]`, in x's dtype on its device (the weight and bias are views, not copies).
+fn project(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, rows: Range<usize>) -> Result<Tensor> {
+    let weight = w.narrow(0, rows.start, rows.len())?;
+    let bias = bias
+        .map(|b| b.narrow(0, rows.start, rows.len()))
+        .transpose()?;
+    linear(x, &weight, bias.as_ref())
 }
 
-/// A `[rows, width]` contiguous copy of `x`, whose last dimension is `width`.
-fn as_rows(x: &Tensor, width: usize) -> Result<Tensor> {
-    let rows = x.numel() / width.max(1);
-    Tensor::from_f64(&x.to_f64()?, &[rows, width], x.dtype(), x.device())
+/// `[N, len, E]` as heads `[N, H, len, D]`, contiguous (head h holds columns `h·D..`).
+fn split_heads(x: &Tensor, dm: &Dims) -> Result<Tensor> {
+    let [n, len, _] = *x.shape() else {
+        unreachable!("projections are [N, len, E]")
+    };
+    x.view(&[n, len, dm.h, dm.d])?
+        .permute(&[0, 2, 1, 3])?
+        .contiguous()
 }
 
-/// `[N, len, E]` rows (head h's columns `h·D..(h+1)·D`) to `[N, H, len, D]`.
-fn split_heads(x: &[f64], dm: &Dims, len: usize, width: usize, offset: usize) -> Result<Vec<f64>> {
-    let mut out = host_zeros(OP, dm.n * dm.h * len * dm.d)?;
-    let mut to = out.chunks_exact_mut(dm.d);
-    for b in 0..dm.n {
-        for h in 0..dm.h {
-            for i in 0..len {
-                let row = (b * len + i) * width + offset + h * dm.d;
-                to.next()
-                    .expect("N·H·len rows of D")
-                    .copy_from_slice(&x[row..row + dm.d]);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// `[N, H, L, D]` to `[N·L, E]`.
-fn merge_heads(x: &[f64], dm: &Dims) -> Result<Vec<f64>> {
-    let mut out = host_zeros(OP, dm.n * dm.l * dm.e)?;
-    for b in 0..dm.n {
-        for h in 0..dm.h {
-            for i in 0..dm.l {
-                let from = ((b * dm.h + h) * dm.l + i) * dm.d;
-                let to = (b * dm.l + i) * dm.e + h * dm.d;
-                out[to..to + dm.d].copy_from_slice(&x[from..from + dm.d]);
-            }
-        }
-    }
-    Ok(out)
+/// Heads `[N, H, L, D]` back to `[N, L, E]`.
+fn merge_heads(x: &Tensor, dm: &Dims) -> Result<Tensor> {
+    x.permute(&[0, 2, 1, 3])?.reshape(&[dm.n, dm.l, dm.e])
 }
 
 /// `nn.MultiheadAttention`'s forward for inference with batch-first `[N, L, E]` query and
@@ -305,53 +271,30 @@ pub fn multi_head_attention_forward(
             precision: String::new(),
         }
     };
-    let bias_in = weights.in_proj_bias.map(Tensor::to_f64).transpose()?;
-    let (attended, attention) = if fast {
+    let (attended, averaged) = if fast {
         trace::kernel(describe("mha_fast_path"), || {
-            fast_path(
-                query,
-                &dm,
-                weights,
-                bias_in.as_deref(),
-                padding.as_deref(),
-                options,
-            )
+            fast_path(query, &dm, weights, padding.as_deref(), options)
         })?
     } else {
         trace::kernel(describe("mha_composed"), || {
             composed(
-                query,
-                key,
-                value,
+                [query, key, value],
                 &dm,
                 weights,
-                bias_in.as_deref(),
                 padding.as_deref(),
                 options,
             )
         })?
     };
-    let merged = Tensor::from_f64(
+    let output = project(
         &merge_heads(&attended, &dm)?,
-        &[dm.n * dm.l, dm.e],
-        query.dtype(),
-        query.device(),
-    )?;
-    let bias_out = weights.out_proj_bias.map(Tensor::to_f64).transpose()?;
-    let out = project(
-        &merged,
         weights.out_proj_weight,
+        weights.out_proj_bias,
         0..dm.e,
-        bias_out.as_deref(),
     )?;
-    let device = query.device();
-    let output = Tensor::from_f64(&out, &[dm.n, dm.l, dm.e], query.dtype(), device)?;
-    let weights = attention
-        .map(|w| Tensor::from_f64(&w, &[dm.n, dm.l, dm.s], query.dtype(), device))
-        .transpose()?;
     Ok(MhaOutput {
         output,
-        weights,
+        weights: averaged,
         path: if fast {
             MhaPath::Fast
         } else {
@@ -362,26 +305,18 @@ pub fn multi_head_attention_forward(
 
 /// Attended values `[N, H, L, D]` and, for the composed path with `need_weights`, the
 /// head-averaged weights `[N, L, S]`.
-type Attended = (Vec<f64>, Option<Vec<f64>>);
+type Attended = (Tensor, Option<Tensor>);
 
 fn fast_path(
     x: &Tensor,
     dm: &Dims,
     w: &MhaWeights,
-    bias: Option<&[f64]>,
     padding: Option<&[bool]>,
     options: &MhaOptions,
 ) -> Result<Attended> {
-    let qkv = project(x, w.in_proj_weight, 0..3 * dm.e, bias)?;
-    let heads = |offset| {
-        Tensor::from_f64(
-            &split_heads(&qkv, dm, dm.l, 3 * dm.e, offset)?,
-            &[dm.n, dm.h, dm.l, dm.d],
-            x.dtype(),
-            x.device(),
-        )
-    };
-    let (q, k, v) = (heads(0)?, heads(dm.e)?, heads(2 * dm.e)?);
+    let qkv = project(x, w.in_proj_weight, w.in_proj_bias, 0..3 * dm.e)?;
+    let heads = |part: usize| split_heads(&qkv.narrow(2, part * dm.e, dm.e)?, dm);
+    let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
     // A padding mask takes the causal one in (as PyTorch's merge of the two): SDPA refuses
     // an explicit mask together with is_causal.
     let keep: Option<Tensor> = padding
@@ -404,90 +339,103 @@ fn fast_path(
         is_causal: options.is_causal && keep.is_none(),
         ..SdpaOptions::default()
     };
-    let out = crate::sdpa(&q, &k, &v, &sdpa_options)?;
-    Ok((out.output.to_f64()?, None))
+    Ok((crate::sdpa(&q, &k, &v, &sdpa_options)?.output, None))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn composed(
-    query: &Tensor,
-    key: &Tensor,
-    value: &Tensor,
+    [query, key, value]: [&Tensor; 3],
     dm: &Dims,
     w: &MhaWeights,
-    bias: Option<&[f64]>,
     padding: Option<&[bool]>,
     options: &MhaOptions,
 ) -> Result<Attended> {
-    let (dtype, device) = (query.dtype(), query.device());
     let e = dm.e;
-    let q = project(query, w.in_proj_weight, 0..e, bias)?;
-    let k = project(key, w.in_proj_weight, e..2 * e, bias)?;
-    let v = project(value, w.in_proj_weight, 2 * e..3 * e, bias)?;
-    let batch = dm.n * dm.h;
-    let tensor = |x: Vec<f64>, shape: &[usize]| Tensor::from_f64(&x, shape, dtype, device);
-    let qh = tensor(split_heads(&q, dm, dm.l, e, 0)?, &[batch, dm.l, dm.d])?;
-    let kh = tensor(split_heads(&k, dm, dm.s, e, 0)?, &[batch, dm.s, dm.d])?;
-    let vh = tensor(split_heads(&v, dm, dm.s, e, 0)?, &[batch, dm.s, dm.d])?;
-    let mut scores = matmul(&qh, &kh.t()?)?.to_f64()?;
+    let heads = |x: &Tensor, part: usize, len: usize| -> Result<Tensor> {
+        let projected = project(
+            x,
+            w.in_proj_weight,
+            w.in_proj_bias,
+            part * e..(part + 1) * e,
+        )?;
+        split_heads(&projected, dm)?.view(&[dm.n * dm.h, len, dm.d])
+    };
+    let (q, k, v) = (
+        heads(query, 0, dm.l)?,
+        heads(key, 1, dm.s)?,
+        heads(value, 2, dm.s)?,
+    );
+    let scores = matmul(&q, &k.t()?)?;
+    let (probabilities, averaged) = match scores.dtype() {
+        DType::F32 => softmax::<f32>(&scores, dm, padding, options)?,
+        DType::F64 => softmax::<f64>(&scores, dm, padding, options)?,
+        DType::F16 => softmax::<f16>(&scores, dm, padding, options)?,
+        DType::Bf16 => softmax::<bf16>(&scores, dm, padding, options)?,
+        DType::Bool => unreachable!("the inputs are floats"),
+    };
+    let attended = matmul(&probabilities, &v)?.view(&[dm.n, dm.h, dm.l, dm.d])?;
+    Ok((attended, averaged))
+}
+
+/// The attention weights from raw scores `[N·H, L, S]`: scaled, masked (padding, causal)
+/// and normalised per row, each row computed in f64 and stored in the scores' dtype; with
+/// `need_weights` also their average over heads, `[N, L, S]`. (On wgpu and CUDA the rows
+/// pass through the host, in the dtype.)
+fn softmax<T: Element>(
+    scores: &Tensor,
+    dm: &Dims,
+    padding: Option<&[bool]>,
+    options: &MhaOptions,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let mut values = scores.to_vec::<T>()?;
+    let mut row = host_zeros::<f64>(OP, dm.s)?;
+    let mut averaged = if options.need_weights {
+        host_zeros::<f64>(OP, dm.n * dm.l * dm.s)?
+    } else {
+        Vec::new()
+    };
     let scale = 1.0 / (dm.d as f64).sqrt();
-    for (row_index, row) in scores.chunks_mut(dm.s.max(1)).enumerate() {
+    for (row_index, stored) in values.chunks_mut(dm.s.max(1)).enumerate() {
         let (bh, i) = (row_index / dm.l.max(1), row_index % dm.l.max(1));
         let b = bh / dm.h;
-        for (j, x) in row.iter_mut().enumerate() {
+        for (j, (x, &score)) in row.iter_mut().zip(stored.iter()).enumerate() {
             let padded = padding.is_some_and(|p| p[b * dm.s + j]);
             *x = if padded || (options.is_causal && j > i) {
                 f64::NEG_INFINITY
             } else {
-                *x * scale
+                score.to_f64() * scale
             };
         }
-        let max = crate::ops::sdpa::math::row_max(row);
+        let max = crate::ops::sdpa::math::row_max(&row);
         if max == f64::NEG_INFINITY && !options.need_weights {
             // No visible key: 0, as SDPA's safe softmax gives (PyTorch's path without
             // weights); with weights PyTorch's plain softmax gives NaN, and so does this.
-            row.fill(0.0);
+            stored.fill(T::from_f64(0.0));
             continue;
         }
         let sum: f64 = row.iter().map(|x| (x - max).exp()).sum();
-        for x in row.iter_mut() {
-            *x = (*x - max).exp() / sum;
+        let average = averaged
+            .get_mut((b * dm.l + i) * dm.s..(b * dm.l + i + 1) * dm.s)
+            .unwrap_or_default();
+        for (j, (out, x)) in stored.iter_mut().zip(&row).enumerate() {
+            let p = (x - max).exp() / sum;
+            *out = T::from_f64(p);
+            if let Some(avg) = average.get_mut(j) {
+                *avg += p / dm.h as f64;
+            }
         }
     }
-    let averaged = options.need_weights.then(|| -> Result<Vec<f64>> {
-        let mut avg = host_zeros(OP, dm.n * dm.l * dm.s)?;
-        for (index, &p) in scores.iter().enumerate() {
-            let b = index / (dm.h * dm.l * dm.s);
-            let rest = index % (dm.l * dm.s);
-            avg[b * dm.l * dm.s + rest] += p / dm.h as f64;
-        }
-        Ok(avg)
-    });
-    let probabilities = tensor(scores, &[batch, dm.l, dm.s])?;
-    let attended = matmul(&probabilities, &vh)?.to_f64()?;
-    Ok((attended, averaged.transpose()?))
+    let device = scores.device();
+    let probabilities = Tensor::from_vec(values, scores.shape(), device)?;
+    let averaged = options
+        .need_weights
+        .then(|| Tensor::from_f64(&averaged, &[dm.n, dm.l, dm.s], T::DTYPE, device))
+        .transpose()?;
+    Ok((probabilities, averaged))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn heads_split_and_merge_back() {
-        let dm = Dims {
-            n: 2,
-            l: 3,
-            s: 3,
-            e: 4,
-            h: 2,
-            d: 2,
-        };
-        let x: Vec<f64> = (0..2 * 3 * 4).map(f64::from).collect();
-        assert_eq!(
-            merge_heads(&split_heads(&x, &dm, 3, 4, 0).unwrap(), &dm).unwrap(),
-            x
-        );
-    }
 
     #[test]
     fn is_same_means_the_same_view() {

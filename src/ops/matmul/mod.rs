@@ -179,6 +179,67 @@ fn half_note(dtype: DType) -> String {
 /// Operands may be strided views (e.g. [`Tensor::t`]). Zero-sized dimensions give an empty
 /// or zero result, as in PyTorch.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    product(a, b, None)
+}
+
+/// `torch.nn.functional.linear`: `input · weightᵀ + bias` for `input [*, in]`, `weight
+/// [out, in]` and `bias [out]`, giving `[*, out]` in the input's dtype. On the CPU the bias
+/// is added to the f32 (f64) accumulators before the single rounding to the dtype, as
+/// oneDNN's fused bias does; elsewhere it is added to the product's elements (on wgpu and
+/// CUDA through the host, in the dtype).
+pub fn linear(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let [out, width] = *weight.shape() else {
+        return Err(Error::ShapeMismatch {
+            op: "linear",
+            detail: format!("the weight must be [out, in]; got {:?}", weight.shape()),
+        });
+    };
+    let Some((&last, outer)) = input.shape().split_last() else {
+        return Err(Error::ShapeMismatch {
+            op: "linear",
+            detail: "the input is a scalar; give it at least one dimension".into(),
+        });
+    };
+    if last != width {
+        return Err(Error::ShapeMismatch {
+            op: "linear",
+            detail: format!(
+                "the input's last dimension ({last}) is not the weight's in-features ({width}): \
+                 {:?} x {:?}",
+                input.shape(),
+                weight.shape()
+            ),
+        });
+    }
+    if let Some(bias) = bias {
+        if bias.shape() != [out] {
+            return Err(Error::ShapeMismatch {
+                op: "linear",
+                detail: format!("the bias must be [{out}]; got {:?}", bias.shape()),
+            });
+        }
+        if bias.dtype() != input.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: "linear",
+                expected: input.dtype(),
+                got: bias.dtype(),
+            });
+        }
+        if bias.device() != input.device() {
+            return Err(Error::DeviceMismatch {
+                op: "linear",
+                a: input.device(),
+                b: bias.device(),
+            });
+        }
+    }
+    let rows = outer.iter().product();
+    let y = product(&input.reshape(&[rows, width])?, &weight.t()?, bias)?;
+    y.view(&[outer, &[out]].concat())
+}
+
+/// `a · b`, plus `bias` on every row where given (shapes checked by the caller).
+fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     if a.device() != b.device() {
         return Err(Error::DeviceMismatch {
             op: "matmul",
@@ -194,10 +255,36 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         });
     }
     let p = problem(a, b)?;
-    match a.device() {
-        Device::Cpu => cpu(a, b, &p),
-        Device::Wgpu(index) => wgpu(index, a, b, &p),
-        Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p),
+    let product = match a.device() {
+        Device::Cpu => return cpu(a, b, &p, bias),
+        Device::Wgpu(index) => wgpu(index, a, b, &p)?,
+        Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p)?,
+    };
+    match bias {
+        Some(bias) => add_bias_on_host(&product, bias),
+        None => Ok(product),
+    }
+}
+
+/// `product` with `bias` added to every row, through the host in the dtype (each sum in
+/// f64, rounded once).
+fn add_bias_on_host(product: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    fn add<T: Element>(product: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let mut values = product.to_vec::<T>()?;
+        let bias = bias.to_vec::<T>()?;
+        for row in values.chunks_mut(bias.len().max(1)) {
+            for (x, b) in row.iter_mut().zip(&bias) {
+                *x = T::from_f64(x.to_f64() + b.to_f64());
+            }
+        }
+        Tensor::from_vec(values, product.shape(), product.device())
+    }
+    match product.dtype() {
+        DType::F32 => add::<f32>(product, bias),
+        DType::F64 => add::<f64>(product, bias),
+        DType::F16 => add::<f16>(product, bias),
+        DType::Bf16 => add::<bf16>(product, bias),
+        DType::Bool => unreachable!("matmul refuses booleans"),
     }
 }
 
@@ -205,7 +292,7 @@ fn shapes(a: &Tensor, b: &Tensor) -> String {
     format!("{:?}x{:?}", a.shape(), b.shape())
 }
 
-fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
+fn cpu(a: &Tensor, b: &Tensor, p: &Problem, bias: Option<&Tensor>) -> Result<Tensor> {
     let threads = crate::get_num_threads();
     let micro = crate::kernels::dispatch::cpu_kernels().gemm;
     match a.dtype() {
@@ -227,6 +314,9 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
                     threads,
                     |va, vb, c, threads| gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
                 );
+                if let Some(bias) = bias {
+                    add_rows(&mut out, &bias.to_vec::<f64>()?, threads);
+                }
                 Tensor::from_vec(out, &p.out_shape, Device::Cpu)
             })
         }
@@ -237,25 +327,25 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             } else {
                 micro
             };
-            run_cpu::<f32>(a, b, p, rounding, note, micro.name, threads)
+            run_cpu::<f32>(a, b, p, bias, (rounding, note, micro.name))
         }
         DType::F16 => run_cpu::<f16>(
             a,
             b,
             p,
-            Rounding::None,
-            half_note(DType::F16),
-            micro.name,
-            threads,
+            bias,
+            (Rounding::None, half_note(DType::F16), micro.name),
         ),
         DType::Bf16 => run_cpu::<bf16>(
             a,
             b,
             p,
-            Rounding::None,
-            half_note(DType::Bf16),
-            crate::kernels::dispatch::cpu_kernels().gemm_bf16.name,
-            threads,
+            bias,
+            (
+                Rounding::None,
+                half_note(DType::Bf16),
+                crate::kernels::dispatch::cpu_kernels().gemm_bf16.name,
+            ),
         ),
         DType::Bool => Err(Error::DTypeMismatch {
             op: "matmul",
@@ -265,15 +355,16 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
     }
 }
 
+/// The product in `T` on the CPU, with the input rounding, the precision note of the trace
+/// and the micro-kernel's name (`how`); `bias` is added to the f32 accumulators.
 fn run_cpu<T: Element>(
     a: &Tensor,
     b: &Tensor,
     p: &Problem,
-    rounding: Rounding,
-    note: String,
-    micro: &'static str,
-    threads: usize,
+    bias: Option<&Tensor>,
+    (rounding, note, micro): (Rounding, String, &'static str),
 ) -> Result<Tensor> {
+    let threads = crate::get_num_threads();
     let micro = gemm::special_kernel::<T>((p.m, p.n), (p.b[1], p.b[2]), rounding).unwrap_or(micro);
     let describe = || Call {
         kernel: format!("gemm_{}_{micro}", T::DTYPE),
@@ -292,12 +383,37 @@ fn run_cpu<T: Element>(
             threads,
             |va, vb, c, threads| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
         );
+        if let Some(bias) = bias {
+            let bias: Vec<f32> = bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect();
+            add_rows(&mut out, &bias, threads);
+        }
         Tensor::from_vec(
             narrow::<T>("matmul", out, threads)?,
             &p.out_shape,
             Device::Cpu,
         )
     })
+}
+
+/// Adds `bias` to every row of `out` (rows of `bias.len()`), on `threads` threads.
+fn add_rows<F: Copy + Send + Sync + std::ops::AddAssign>(
+    out: &mut [F],
+    bias: &[F],
+    threads: usize,
+) {
+    if bias.is_empty() {
+        return;
+    }
+    let rows = out.len() / bias.len();
+    let per = rows.div_ceil(threads.max(1)).max(1) * bias.len();
+    let chunks: Vec<&mut [F]> = out.chunks_mut(per).collect();
+    crate::runtime::threads::for_each(chunks, &|chunk: &mut [F]| {
+        for row in chunk.chunks_mut(bias.len()) {
+            for (x, &b) in row.iter_mut().zip(bias) {
+                *x += b;
+            }
+        }
+    });
 }
 
 /// Multiply-adds below which one product of a batch is not split among threads when the
@@ -408,20 +524,15 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         for v in [p.m, p.n, p.k, p.batch]
             .into_iter()
             .chain(p.kernel_strides())
+            .chain(p.offsets)
+            .chain([0, 0])
         {
             params.extend_from_slice(&fits(v)?.to_le_bytes());
         }
-        let (a_buf, b_buf) = (a.wgpu_buffer(), b.wgpu_buffer());
         let (a_buf, b_buf) = (
-            a_buf.expect("a wgpu tensor has a buffer"),
-            b_buf.expect("a wgpu tensor has a buffer"),
+            a.wgpu_buffer().expect("a wgpu tensor has a buffer"),
+            b.wgpu_buffer().expect("a wgpu tensor has a buffer"),
         );
-        if a.offset() != 0 || b.offset() != 0 {
-            return Err(Error::ShapeMismatch {
-                op: "matmul on wgpu",
-                detail: "operands with an offset are not supported".into(),
-            });
-        }
         let groups = [
             fits(p.n.div_ceil(64))?,
             fits(p.m.div_ceil(64))?,
