@@ -148,6 +148,36 @@ for kind, dims in (("rfft", (64, 4096)), ("fft", (64, 4096)), ("fft2", (8, 256, 
     flops = 5 * points * math.log2(points) * count / (2 if kind == "rfft" else 1)
     works.append((f"FFT {kind} {list(dims)} f32 (GFLOP/s)", f"fft f32 {kind} {' '.join(map(str, dims))}",
                   flops / 1e9, lambda k=kind, d=dims: torch_fft(k, d)))
+# einsum (the path's GEMM FLOPs) and MHA forward (E = 1024, 16 heads, L = 512, B = 2).
+def torch_einsum(equation, shapes):
+    operands = [torch.rand(*shape) * 2 - 1 for shape in shapes]
+    return lambda: torch.einsum(equation, *operands)
+
+def torch_mha(dtype, n, l, e, h):
+    x = ((torch.rand(n, l, e) * 2 - 1) / 8).to(dtype)
+    w_in, w_out = ((torch.rand(r, e) * 2 - 1).to(dtype) / e**0.5 for r in (3 * e, e))
+    b_in, b_out = (torch.rand(r).to(dtype) for r in (3 * e, e))
+    xt = x.transpose(0, 1)  # F.multi_head_attention_forward takes [L, N, E]
+    def call():
+        with torch.no_grad():
+            return F.multi_head_attention_forward(xt, xt, xt, e, h, w_in, b_in, None, None, False,
+                                                  0.0, w_out, b_out, training=False,
+                                                  need_weights=False)
+    return call
+
+for equation, shapes, flops in (
+        ("bhld,bhmd->bhlm", ((2, 16, 512, 64), (2, 16, 512, 64)), 2 * 32 * 512 * 512 * 64),
+        ("ij,jk,kl->il", ((512, 512),) * 3, 2 * 2 * 512**3),
+        ("bn,anm,bm->ba", ((64, 256), (128, 256, 256), (64, 256)),
+         2 * 64 * 256 * 128 * 256 + 2 * 64 * 128 * 256)):
+    works.append((f"einsum {equation} f32 (GFLOP/s)",
+                  f"einsum f32 {equation} {';'.join(','.join(map(str, s)) for s in shapes)}",
+                  flops / 1e9, lambda q=equation, s=shapes: torch_einsum(q, s)))
+for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
+    n, l, e, h = 2, 512, 1024, 16
+    flops = 2 * n * l * e * 4 * e + 4 * n * l * l * e
+    works.append((f"MHA {name} E={e} H={h} L={l} B={n} (GFLOP/s)", f"mha {name} {n} {l} {e} {h}",
+                  flops / 1e9, lambda t=dtype: torch_mha(getattr(torch, t), n, l, e, h)))
 for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
     for d in (64, 128):
         for causal in (False, True):
@@ -185,7 +215,7 @@ PY
 while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
   case "$name" in
     peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
-    GEMM*|FFT*|linear*|decode*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    GEMM*|FFT*|linear*|decode*|einsum*|MHA*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
     *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;
   esac
 done

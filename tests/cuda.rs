@@ -313,6 +313,45 @@ fn memory_efficient_attention_matches_the_reference() {
 }
 
 #[test]
+fn math_runs_on_the_device_with_the_hosts_dropout() {
+    let Some(d) = gpu() else { return };
+    let _ieee = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+    let err = common::device_math_error(Device::Cuda(d));
+    assert!(err < 1e-5, "math on CUDA vs the CPU: {err:e}");
+    // Dropout: the same generator state drops the same weights as the host's math path.
+    let shape = [1, 2, 33, 16];
+    let inputs: Vec<Vec<f64>> = (0..3).map(|_| random(shape.iter().product())).collect();
+    let on = |device| -> Vec<Tensor> {
+        inputs
+            .iter()
+            .map(|x| Tensor::from_f64(x, &shape, DType::F32, device).unwrap())
+            .collect()
+    };
+    let (gpu_in, cpu_in) = (on(Device::Cuda(d)), on(Device::Cpu));
+    let _math = backends::attention::sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    let (device_generator, host_generator) =
+        (backends::Generator::new(11), backends::Generator::new(11));
+    let options = |generator| SdpaOptions {
+        dropout_p: 0.25,
+        generator: Some(generator),
+        ..Default::default()
+    };
+    let run = |t: &[Tensor], generator| {
+        sdpa(&t[0], &t[1], &t[2], &options(generator))
+            .unwrap()
+            .output
+            .to_f64()
+            .unwrap()
+    };
+    let (device, host) = (
+        run(&gpu_in, &device_generator),
+        run(&cpu_in, &host_generator),
+    );
+    let err = rel_err(&device, &host);
+    assert!(err < 1e-5, "math with dropout on CUDA vs the host: {err:e}");
+}
+
+#[test]
 fn fused_dropout_drops_the_weights_the_host_math_path_drops() {
     let Some(d) = gpu() else { return };
     let shape = [1, 2, 70, 64];

@@ -203,6 +203,15 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         .concat(),
         // x; n; factor.
         Family::Scale => vec![B64, B64, F64],
+        // s, mask, p; H, Lq, Lk; scale; causal; 4 mask strides; dropout_p, seed.
+        Family::MaskedSoftmax => [
+            n(B64, 3),
+            n(B32, 3),
+            vec![F32, B32],
+            n(B64, 4),
+            vec![F64, B64],
+        ]
+        .concat(),
     }
 }
 

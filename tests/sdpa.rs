@@ -709,6 +709,30 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
 }
 
 #[test]
+fn wgpu_math_runs_on_the_device() {
+    let Some(device) = adapter() else { return };
+    let err = common::device_math_error(device);
+    assert!(err < 1e-5, "math on wgpu vs the CPU: {err:e}");
+    // Dropout needs 64-bit integers WGSL lacks: the host serves, and the trace says why.
+    let q = Tensor::from_f64(&random(64), &[1, 1, 4, 16], DType::F32, device).unwrap();
+    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    let options = SdpaOptions {
+        dropout_p: 0.2,
+        ..SdpaOptions::default()
+    };
+    sdpa(&q, &q, &q, &options).unwrap();
+    let trace = capture.take();
+    assert!(
+        trace
+            .iter()
+            .any(|l| l.contains("math on the host: WGSL has no 64-bit")),
+        "{trace:?}"
+    );
+}
+
+#[test]
 fn an_additive_mask_may_be_of_another_float_type() {
     // PyTorch accepts a float mask whose type differs from q's; the result is the one with
     // the mask in q's type.

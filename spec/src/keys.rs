@@ -142,6 +142,16 @@ pub struct MemEffKey {
     pub head_dim_max: u32,
 }
 
+/// The softmax step of math attention on a device (scale, causal, mask, dropout on rows
+/// of raw scores).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaskedSoftmaxKey {
+    /// Element type of the scores and weights.
+    pub elem: Elem,
+    /// The mask's kind.
+    pub mask: MaskKind,
+}
+
 /// A kernel family: one template per target, one CUDA module per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -155,16 +165,19 @@ pub enum Family {
     MemEffFwd,
     /// In-place scaling.
     Scale,
+    /// Math attention's softmax step.
+    MaskedSoftmax,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
         Family::MemEffFwd,
         Family::Scale,
+        Family::MaskedSoftmax,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -175,6 +188,7 @@ impl Family {
             Family::FlashFwd => "flash_fwd",
             Family::MemEffFwd => "mem_eff_fwd",
             Family::Scale => "scale",
+            Family::MaskedSoftmax => "masked_softmax",
         }
     }
 
@@ -184,6 +198,7 @@ impl Family {
             Family::Gemm => Some("gemm"),
             Family::SplitKReduce | Family::Scale => None,
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
+            Family::MaskedSoftmax => Some("masked_softmax"),
         }
     }
 }
@@ -207,6 +222,8 @@ pub enum KernelKey {
     MemEffFwd(MemEffKey),
     /// In-place scaling.
     Scale(ScaleKey),
+    /// Math attention's softmax step.
+    MaskedSoftmax(MaskedSoftmaxKey),
 }
 
 impl KernelKey {
@@ -218,6 +235,7 @@ impl KernelKey {
             KernelKey::FlashFwd(_) => Family::FlashFwd,
             KernelKey::MemEffFwd(_) => Family::MemEffFwd,
             KernelKey::Scale(_) => Family::Scale,
+            KernelKey::MaskedSoftmax(_) => Family::MaskedSoftmax,
         }
     }
 
@@ -246,6 +264,11 @@ impl KernelKey {
                 elem(k.elem),
                 k.head_dim,
                 k.causal
+            ),
+            KernelKey::MaskedSoftmax(k) => format!(
+                "KernelKey::MaskedSoftmax(MaskedSoftmaxKey {{ elem: {}, mask: {} }})",
+                elem(k.elem),
+                mask(k.mask)
             ),
             KernelKey::MemEffFwd(k) => format!(
                 "KernelKey::MemEffFwd(MemEffKey {{ elem: {}, mask: {}, head_dim_max: {} }})",

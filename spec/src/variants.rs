@@ -204,6 +204,44 @@ fn scale(elem: Elem) -> Variant {
     }
 }
 
+fn masked_softmax(elem: Elem, mask: MaskKind) -> Variant {
+    let cuda_mask = if mask == MaskKind::Bool {
+        "unsigned char"
+    } else {
+        elem.cuda_type()
+    };
+    Variant {
+        key: KernelKey::MaskedSoftmax(MaskedSoftmaxKey { elem, mask }),
+        name: format!("masked_softmax_{}_{}", elem.name(), mask.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![
+                cuda_t(elem),
+                ("M", cuda_mask.to_string()),
+                ("MASK_KIND", mask.code().to_string()),
+            ],
+            launch: Launch {
+                threads: [256, 1, 1],
+                tile: [1, 1],
+                shared_bytes: 4 * 8,
+            },
+            min_sm: 70,
+        }),
+        wgsl: wgsl_t(elem).map(|t| WgslSpec {
+            decls: vec![
+                t,
+                wgsl_mask_t(elem, mask),
+                WgslDecl::Const("MASK_KIND", mask.code()),
+            ],
+            launch: Launch {
+                threads: [256, 1, 1],
+                tile: [1, 1],
+                shared_bytes: 4 * 256,
+            },
+            needs_f16: elem == Elem::F16,
+        }),
+    }
+}
+
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -344,6 +382,10 @@ pub fn all() -> Vec<Variant> {
     }
     for elem in [F32, F64] {
         v.push(scale(elem));
+    }
+    // Math attention on a device computes in f32 (its half-type inputs run on the host).
+    for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {
+        v.push(masked_softmax(F32, mask));
     }
     // Flash in f32 runs on wgpu only, in bf16 on CUDA only (WGSL has no bf16).
     for elem in [F32, F16, Bf16] {

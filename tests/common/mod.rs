@@ -147,3 +147,82 @@ pub fn adapter() -> Option<backends::Device> {
     }
     Some(backends::Device::Wgpu(0))
 }
+
+/// Math attention on `device` (wgpu or CUDA) against the CPU's math path on the same f32
+/// inputs: no mask, a broadcast boolean mask with a fully hidden query row, an additive mask
+/// with -inf entries, causal with Lq != Lk, grouped-query heads (with a mask), 3-D inputs; the trace
+/// says the device ran it. Returns the worst relative error.
+pub fn device_math_error(device: backends::Device) -> f64 {
+    use backends::attention::{SdpBackend, sdpa_kernel_scoped};
+    use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
+    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
+    // (q shape, kv shape, causal, mask: 0 none, 1 boolean, 2 additive)
+    let cases: [(&[usize], &[usize], bool, u8); 6] = [
+        (&[2, 3, 17, 16], &[2, 3, 23, 16], false, 0),
+        (&[1, 2, 9, 8], &[1, 2, 300, 8], false, 1),
+        (&[2, 2, 11, 32], &[2, 2, 11, 32], false, 2),
+        (&[1, 2, 7, 16], &[1, 2, 12, 16], true, 0),
+        (&[1, 8, 5, 16], &[1, 2, 40, 16], false, 1),
+        (&[3, 6, 16], &[3, 6, 16], false, 0),
+    ];
+    let mut worst = 0f64;
+    for (q_shape, kv_shape, causal, mask_kind) in cases {
+        let make = |shape: &[usize], device| {
+            let t = Tensor::from_f64(
+                &random(shape.iter().product()),
+                shape,
+                DType::F32,
+                Device::Cpu,
+            )
+            .unwrap();
+            (t.to_device(device).unwrap(), t)
+        };
+        let (q, q_host) = make(q_shape, device);
+        let (k, k_host) = make(kv_shape, device);
+        let (v, v_host) = make(kv_shape, device);
+        let (lq, lk) = (q_shape[q_shape.len() - 2], kv_shape[kv_shape.len() - 2]);
+        let mask_host = match mask_kind {
+            // [Lq, Lk], broadcast over batch and heads; query row 0 sees no key.
+            1 => {
+                let keep: Vec<bool> = (0..lq * lk).map(|e| e >= lk && e % 3 != 0).collect();
+                Some(Tensor::from_bools(&keep, &[lq, lk], Device::Cpu).unwrap())
+            }
+            // [B, 1, Lq, Lk], some entries -inf.
+            2 => {
+                let b = q_shape[0];
+                let values: Vec<f64> = random(b * lq * lk)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(e, x)| if e % 5 == 1 { f64::NEG_INFINITY } else { x })
+                    .collect();
+                Some(Tensor::from_f64(&values, &[b, 1, lq, lk], DType::F32, Device::Cpu).unwrap())
+            }
+            _ => None,
+        };
+        let mask = mask_host.as_ref().map(|m| m.to_device(device).unwrap());
+        let options = |mask| SdpaOptions {
+            attn_mask: mask,
+            is_causal: causal,
+            enable_gqa: q_shape[q_shape.len() - 3] != kv_shape[kv_shape.len() - 3],
+            ..SdpaOptions::default()
+        };
+        let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let capture = backends::TraceCapture::start();
+        let out = sdpa(&q, &k, &v, &options(mask.as_ref())).unwrap();
+        let trace = capture.take();
+        assert!(
+            trace.iter().any(|line| line.contains("math on the device")),
+            "{q_shape:?}: {trace:?}"
+        );
+        assert_eq!(out.output.device(), device);
+        let expected = sdpa(&q_host, &k_host, &v_host, &options(mask_host.as_ref()))
+            .unwrap()
+            .output
+            .to_f64()
+            .unwrap();
+        let got = out.output.to_f64().unwrap();
+        assert_eq!(got.len(), expected.len());
+        worst = worst.max(rel_err(&got, &expected));
+    }
+    worst
+}

@@ -9,7 +9,9 @@
 //! - CUDA: flash (f16/bf16 tensor cores) and memory-efficient attention (masks, f32) through
 //!   the generated CUDA kernels, with dropout (`sdpa/cuda.rs`); cuDNN's fused attention
 //!   through its backend graph API, with plans cached per shape (`sdpa/cudnn.rs`).
-//! - Math on wgpu and CUDA runs the reference on the host (the trace says so).
+//! - Math on wgpu and CUDA runs on the device for f32 inputs (scores GEMM, the generated
+//!   masked-softmax kernel, GEMM: `device_math.rs`); other dtypes, and dropout on wgpu, run
+//!   the reference on the host, and the trace says so and why.
 //!
 //! A query row that sees no key (fully masked, or causal with no key before it) gives 0 on
 //! every backend and device, as PyTorch 2.15 does (its math path uses a safe softmax), with
@@ -21,6 +23,7 @@ mod cpu;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod cudnn;
+mod device_math;
 pub mod flags;
 pub(crate) mod math;
 pub mod params;
@@ -266,8 +269,18 @@ pub fn sdpa(
                 cudnn::attention(ordinal, &job)
             })
         }
-        (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Math) => {
-            trace::kernel(describe("math on the host"), || {
+        (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Math) => match device_math::serves(&job) {
+            None => trace::kernel(
+                describe("math on the device: GEMM, masked softmax, GEMM, f32"),
+                || {
+                    Ok(SdpaOutput {
+                        output: device_math::attention(&job)?,
+                        lse: None,
+                        backend,
+                    })
+                },
+            ),
+            Some(why) => trace::kernel(describe(&format!("math on the host: {why}")), || {
                 let host = |t: &Tensor| t.to_device(Device::Cpu);
                 let mask = options.attn_mask.map(host).transpose()?;
                 let host_options = SdpaOptions {
@@ -287,8 +300,8 @@ pub fn sdpa(
                     lse: None,
                     backend,
                 })
-            })
-        }
+            }),
+        },
         (device, backend) => Err(Error::Unavailable {
             what: "this SDPA backend here",
             why: format!(

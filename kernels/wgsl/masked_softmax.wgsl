@@ -1,0 +1,87 @@
+// The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
+// raw scores S = Q K^T, in f32 arithmetic, with top-left causal masking (key j > query i is
+// hidden) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
+// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax). No dropout:
+// WGSL has no 64-bit integers for the host's dropout draw.
+//
+// Specialisation (injected before this text as WGSL declarations):
+//   alias T          element type of S and P (f32)
+//   alias MASK_T     mask word: u32 (boolean masks, one byte per element, packed) or T (additive)
+//   const MASK_KIND  0 none, 1 boolean (false hides a key), 2 additive
+// Dispatch: (groups_x, ceil(rows / groups_x), 1), one workgroup of 256 per row, rows in
+// (b, h, i) order; S and P are contiguous [rows, Lk].
+
+struct Params {
+    rows: u32, H: u32, Lq: u32, Lk: u32,
+    scale: f32, causal: u32, groups_x: u32, m_offset: u32,
+    m_b: u32, m_h: u32, m_q: u32, m_k: u32,
+}
+
+@group(0) @binding(0) var<storage, read> S: array<T>;
+@group(0) @binding(1) var<storage, read> mask: array<MASK_T>;
+@group(0) @binding(2) var<storage, read_write> P: array<T>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+const THREADS: u32 = 256u;
+// WGSL has no infinity constant: hidden keys score a finite sentinel far below any real
+// score (an additive mask's -inf stays -inf, below it).
+const HIDDEN: f32 = -1.0e30;
+var<workgroup> scratch: array<f32, 256>;
+
+fn mask_hides(index: u32) -> bool {
+    if (MASK_KIND == 1u) { return ((u32(mask[index / 4u]) >> (8u * (index % 4u))) & 0xffu) == 0u; }
+    return false;
+}
+
+fn mask_bias(index: u32) -> f32 {
+    if (MASK_KIND == 2u) { return f32(mask[index]); }
+    return 0.0;
+}
+
+// The masked, scaled score of key j of query i in row `base` of S (mask row at `m_base`).
+fn score(base: u32, m_base: u32, i: u32, j: u32) -> f32 {
+    if ((p.causal != 0u && j > i) || mask_hides(m_base + j * p.m_k)) { return HIDDEN; }
+    return f32(S[base + j]) * p.scale + mask_bias(m_base + j * p.m_k);
+}
+
+// The workgroup's maximum (or sum) of one value per invocation, for every invocation.
+fn reduce(x: f32, tid: u32, sum: bool) -> f32 {
+    scratch[tid] = x;
+    workgroupBarrier();
+    for (var half = THREADS / 2u; half > 0u; half = half / 2u) {
+        if (tid < half) {
+            let other = scratch[tid + half];
+            scratch[tid] = select(max(scratch[tid], other), scratch[tid] + other, sum);
+        }
+        workgroupBarrier();
+    }
+    // A uniform value: the branches on it around later barriers are uniform.
+    let all = workgroupUniformLoad(&scratch[0]);
+    workgroupBarrier();
+    return all;
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    // Every invocation of a workgroup takes the same branches around the barriers.
+    let row = wg.y * p.groups_x + wg.x;
+    if (row >= p.rows) { return; }
+    let i = row % p.Lq;
+    let h = (row / p.Lq) % p.H;
+    let b = row / p.Lq / p.H;
+    let base = row * p.Lk;
+    let m_base = p.m_offset + b * p.m_b + h * p.m_h + i * p.m_q;
+    var top = HIDDEN;
+    for (var j = tid; j < p.Lk; j += THREADS) { top = max(top, score(base, m_base, i, j)); }
+    top = reduce(top, tid, false);
+    if (top <= HIDDEN) {
+        for (var j = tid; j < p.Lk; j += THREADS) { P[base + j] = T(0.0); }
+        return;
+    }
+    var total = 0.0;
+    for (var j = tid; j < p.Lk; j += THREADS) { total += exp(score(base, m_base, i, j) - top); }
+    total = reduce(total, tid, true);
+    for (var j = tid; j < p.Lk; j += THREADS) {
+        P[base + j] = T(exp(score(base, m_base, i, j) - top) / total);
+    }
+}

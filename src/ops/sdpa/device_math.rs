@@ -1,0 +1,191 @@
+//! Math attention on wgpu and CUDA, on the device: the scores as one batched GEMM, the
+//! generated masked-softmax kernel (scale, causal, mask, and on CUDA dropout), and the
+//! weighted sum as another GEMM, in f32. Grouped-query attention needs no copy: the query
+//! heads that share a key/value head are one GEMM batch entry (`[B·Hk, G·Lq, D]`).
+//!
+//! The GEMMs are the library's [`matmul`], so they follow the fp32 precision flags as
+//! PyTorch's math path does. Other dtypes, and dropout on wgpu (WGSL has no 64-bit integers
+//! for the shared dropout draw), run the reference on the host ([`serves`] says which).
+
+use super::{Job, broadcast_strides};
+use crate::core::generator::Draw;
+use crate::core::tensor::{Storage, Tensor};
+use crate::kernels::{Elem, KernelKey, MaskKind, MaskedSoftmaxKey};
+use crate::ops::matmul::matmul;
+use crate::runtime::cuda::launch::Kernel;
+use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{grid_dim, int_arg, long_arg};
+use crate::runtime::wgpu::WgpuBuffer;
+use crate::{DType, Device, Error, Result};
+
+const OP: &str = "math attention on the device";
+
+/// Why the device cannot run this call's math attention itself, or `None` where it can.
+pub(super) fn serves(job: &Job) -> Option<&'static str> {
+    if job.query.dtype() != DType::F32 {
+        return Some("its kernels compute f32 inputs; other dtypes run on the host");
+    }
+    if job.options.dropout_p > 0.0 && matches!(job.query.device(), Device::Wgpu(_)) {
+        return Some("WGSL has no 64-bit integers for the dropout draw");
+    }
+    None
+}
+
+/// Math attention of an f32 job on its device.
+pub(super) fn attention(job: &Job) -> Result<Tensor> {
+    let s = &job.shape;
+    let group = s.h / s.hk;
+    // [B, H, Lq, D] as [B·Hk, G·Lq, D]: the heads of one K/V head are consecutive.
+    let q = job.query.reshape(&[s.b * s.hk, group * s.lq, s.d])?;
+    let k = job.key.reshape(&[s.b * s.hk, s.lk, s.d])?;
+    let v = job.value.reshape(&[s.b * s.hk, s.lk, s.dv])?;
+    let scores = matmul(&q, &k.t()?)?;
+    // An additive mask in another float type is read as f32.
+    let converted;
+    let mask = match job.options.attn_mask {
+        Some(m) if m.dtype().is_float() && m.dtype() != DType::F32 => {
+            converted = Tensor::from_f64(&m.to_f64()?, m.shape(), DType::F32, m.device())?;
+            Some(&converted)
+        }
+        other => other,
+    };
+    let weights = match job.query.device() {
+        Device::Wgpu(index) => wgpu_softmax(index, &scores, mask, job)?,
+        Device::Cuda(ordinal) => cuda_softmax(ordinal, &scores, mask, job)?,
+        Device::Cpu => unreachable!("the CPU runs its own math path"),
+    };
+    matmul(&weights, &v)?.view(&job.out_shape)
+}
+
+/// The mask's kind, its element strides over `[B, H, Lq, Lk]` and its offset.
+fn mask_layout(mask: Option<&Tensor>) -> (MaskKind, [usize; 4], usize) {
+    match mask {
+        None => (MaskKind::None, [0; 4], 0),
+        Some(m) => {
+            let kind = if m.dtype() == DType::Bool {
+                MaskKind::Bool
+            } else {
+                MaskKind::Additive
+            };
+            (kind, broadcast_strides(m.shape(), m.strides()), m.offset())
+        }
+    }
+}
+
+fn key(kind: MaskKind) -> KernelKey {
+    KernelKey::MaskedSoftmax(MaskedSoftmaxKey {
+        elem: Elem::F32,
+        mask: kind,
+    })
+}
+
+fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job) -> Result<Tensor> {
+    let gpu = crate::runtime::wgpu::gpu(index)?;
+    let s = &job.shape;
+    let (kind, strides, offset) = mask_layout(mask);
+    let entry =
+        crate::kernels::lookup(&key(kind)).expect("the masked softmax variants are declared");
+    let kernel = entry
+        .wgsl
+        .as_ref()
+        .expect("the masked softmax variants have WGSL");
+    let rows = s.b * s.h * s.lq;
+    let out = WgpuBuffer::output(gpu, rows * s.lk * 4)?;
+    if rows > 0 && s.lk > 0 {
+        let word = |x: usize| {
+            u32::try_from(x).map_err(|_| Error::ShapeMismatch {
+                op: OP,
+                detail: format!("index {x} exceeds 32 bits; split the call"),
+            })
+        };
+        let groups_x = rows.min(65_535);
+        let mut words = [rows, s.h, s.lq, s.lk]
+            .map(word)
+            .into_iter()
+            .collect::<Result<Vec<u32>>>()?;
+        words.push((job.scale as f32).to_bits());
+        words.push(u32::from(job.options.is_causal));
+        for x in [groups_x, offset].into_iter().chain(strides) {
+            words.push(word(x)?);
+        }
+        // The last scores element must be addressable too.
+        word(rows * s.lk)?;
+        let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let dummy;
+        let mask_buffer = match mask {
+            Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
+            None => {
+                dummy = WgpuBuffer::zeroed(gpu, 4)?;
+                dummy.raw()
+            }
+        };
+        let scores_buffer = scores.wgpu_buffer().expect("a wgpu tensor has a buffer");
+        gpu.run(
+            entry.name,
+            kernel,
+            &[scores_buffer.raw(), mask_buffer, out.raw()],
+            &params,
+            [word(groups_x)?, word(rows.div_ceil(groups_x))?, 1],
+        )?;
+    }
+    Ok(Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        DType::F32,
+        Device::Wgpu(index),
+        scores.shape(),
+    ))
+}
+
+fn cuda_softmax(
+    ordinal: usize,
+    scores: &Tensor,
+    mask: Option<&Tensor>,
+    job: &Job,
+) -> Result<Tensor> {
+    let s = &job.shape;
+    let (kind, strides, offset) = mask_layout(mask);
+    let kernel = Kernel::get(ordinal, &key(kind))?;
+    let rows = s.b * s.h * s.lq;
+    let out = CudaBuffer::zeroed(ordinal, rows * s.lk * 4)?;
+    if rows > 0 && s.lk > 0 {
+        let scores_view = scores
+            .cuda_buffer()
+            .expect("a CUDA tensor has a buffer")
+            .view(scores.offset() * 4);
+        let out_view = out.view(0);
+        // Without a mask the kernel never reads it: any valid pointer serves.
+        let mask_view = mask.map_or(out.view(0), |m| {
+            m.cuda_buffer()
+                .expect("a CUDA mask has a buffer")
+                .view(offset * m.dtype().size())
+        });
+        let ints = [s.h, s.lq, s.lk]
+            .map(|x| int_arg(OP, x))
+            .into_iter()
+            .collect::<Result<Vec<i32>>>()?;
+        let scale = job.scale as f32;
+        let causal = i32::from(job.options.is_causal);
+        let strides = strides.map(long_arg);
+        let seed = job.dropout.map_or(0, Draw::key);
+        let mut args = kernel.args();
+        args.ptr(&scores_view).ptr(&mask_view).ptr(&out_view);
+        for x in &ints {
+            args.int(x);
+        }
+        args.float(&scale).int(&causal);
+        for x in &strides {
+            args.long(x);
+        }
+        args.double(&job.options.dropout_p).ulong(&seed);
+        // SAFETY: the arguments follow masked_softmax.cu's parameter list; the scores and the
+        // output hold B·H·Lq rows of Lk f32 values, and the mask is the tensor's own view,
+        // which holds every element its strides reach.
+        unsafe { kernel.launch(args, (grid_dim(OP, rows)?, 1, 1)) }?;
+    }
+    Ok(Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        DType::F32,
+        Device::Cuda(ordinal),
+        scores.shape(),
+    ))
+}
