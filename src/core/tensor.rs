@@ -474,8 +474,15 @@ impl Tensor {
         if T::DTYPE != self.dtype || !self.is_contiguous() {
             return None;
         }
-        self.cpu_data::<T>()
-            .map(|data| &data[self.offset..self.offset + self.numel()])
+        // An empty view's offset may lie past the data (a narrow at the end of a dimension).
+        let numel = self.numel();
+        self.cpu_data::<T>().map(|data| {
+            if numel == 0 {
+                &data[..0]
+            } else {
+                &data[self.offset..self.offset + numel]
+            }
+        })
     }
 
     /// The device memory of a tensor on a device, as the runtime's buffer type `B`.
