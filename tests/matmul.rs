@@ -415,6 +415,15 @@ fn every_cpu_micro_kernel_level_gives_the_same_answer() {
             let err = error_of::<f32>(Device::Cpu, size);
             assert!(err < 1e-5, "{level} {size:?}: {err}");
         }
+        // A transposed weight (its panels packed by register transposes where the level
+        // has vectors).
+        let (m, n, k) = (40, 200, 77);
+        let (a, w) = (random(m * k), random(n * k));
+        let wt = tensor::<f32>(&w, &[n, k], Device::Cpu).t().unwrap();
+        let out = matmul(&tensor::<f32>(&a, &[m, k], Device::Cpu), &wt).unwrap();
+        let want = reference(&through::<f32>(&a), &values::<f32>(&wt), m, n, k);
+        let err = rel_err(&values::<f32>(&out), &want);
+        assert!(err < 1e-5, "{level} x W.t(): {err}");
         return;
     }
     let detected = backends::cpu::detected_cpu_capability();

@@ -34,6 +34,9 @@ pub(crate) trait Vector: Copy {
     unsafe fn load_bf16(at: *const u16) -> Self;
     /// The sum of the lanes.
     unsafe fn sum(self) -> f32;
+    /// Transposes the `LANES x LANES` block held in `rows` (`rows[i]` lane `j` becomes
+    /// `rows[j]` lane `i`); `rows` holds exactly `LANES` registers.
+    unsafe fn transpose(rows: &mut [Self]);
 }
 
 /// The element types the kernels read straight from a tensor, widened into f32 lanes.
@@ -136,6 +139,36 @@ impl Vector for __m512 {
     unsafe fn sum(self) -> f32 {
         _mm512_reduce_add_ps(self)
     }
+    #[inline(always)]
+    unsafe fn transpose(rows: &mut [Self]) {
+        let r: &mut [__m512; 16] = rows.try_into().expect("16 rows");
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        // Pairs of rows interleaved by 32 bits, then groups of four by 64 bits: register
+        // 4g + c then holds, in 128-bit lane l, column 4l + c of rows 4g..4g + 4.
+        let mut u = [_mm512_setzero_ps(); 16];
+        for g in 0..4 {
+            let (a, b, c, d) = (r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+            let (lo_ab, hi_ab) = (_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+            let (lo_cd, hi_cd) = (_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+            u[4 * g] = ps(_mm512_unpacklo_pd(pd(lo_ab), pd(lo_cd)));
+            u[4 * g + 1] = ps(_mm512_unpackhi_pd(pd(lo_ab), pd(lo_cd)));
+            u[4 * g + 2] = ps(_mm512_unpacklo_pd(pd(hi_ab), pd(hi_cd)));
+            u[4 * g + 3] = ps(_mm512_unpackhi_pd(pd(hi_ab), pd(hi_cd)));
+        }
+        // Then the 128-bit lanes of the four groups gathered: column 4l + c is lane l of
+        // registers c, 4 + c, 8 + c, 12 + c.
+        for c in 0..4 {
+            let even01 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+            let odd01 = _mm512_shuffle_f32x4::<0xdd>(u[c], u[4 + c]);
+            let even23 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+            let odd23 = _mm512_shuffle_f32x4::<0xdd>(u[8 + c], u[12 + c]);
+            r[c] = _mm512_shuffle_f32x4::<0x88>(even01, even23);
+            r[8 + c] = _mm512_shuffle_f32x4::<0xdd>(even01, even23);
+            r[4 + c] = _mm512_shuffle_f32x4::<0x88>(odd01, odd23);
+            r[12 + c] = _mm512_shuffle_f32x4::<0xdd>(odd01, odd23);
+        }
+    }
 }
 
 /// The mask of lanes `0..n` of 16.
@@ -214,6 +247,26 @@ impl Vector for __m256 {
         );
         let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
         _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)))
+    }
+    #[inline(always)]
+    unsafe fn transpose(rows: &mut [Self]) {
+        let r: &mut [__m256; 8] = rows.try_into().expect("8 rows");
+        // Within each 128-bit lane l, register 4g + c gets column 4l + c of rows 4g..4g + 4;
+        // then the two lanes of groups 0 and 1 are paired.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for g in 0..2 {
+            let (a, b, c, d) = (r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+            let (lo_ab, hi_ab) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+            let (lo_cd, hi_cd) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+            u[4 * g] = _mm256_shuffle_ps::<0x44>(lo_ab, lo_cd);
+            u[4 * g + 1] = _mm256_shuffle_ps::<0xee>(lo_ab, lo_cd);
+            u[4 * g + 2] = _mm256_shuffle_ps::<0x44>(hi_ab, hi_cd);
+            u[4 * g + 3] = _mm256_shuffle_ps::<0xee>(hi_ab, hi_cd);
+        }
+        for c in 0..4 {
+            r[c] = _mm256_permute2f128_ps::<0x20>(u[c], u[4 + c]);
+            r[4 + c] = _mm256_permute2f128_ps::<0x31>(u[c], u[4 + c]);
+        }
     }
 }
 

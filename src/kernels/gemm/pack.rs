@@ -135,6 +135,11 @@ pub(super) fn pack_b<T: Element>(
     let steps = kc.div_ceil(stride);
     for (p, panel) in out.chunks_mut(nr * steps).enumerate() {
         let col0 = col_begin + (first_panel + p) * nr;
+        // A B stored column by column (`W.t()`): whole panels go through register transposes.
+        let by_columns = !pairs && rounding == Rounding::None && b.rs == 1 && b.cs != 1;
+        if by_columns && col0 + nr <= col_end && columns::pack_panel(b, col0, (pc, kc), nr, panel) {
+            continue;
+        }
         for step in 0..steps {
             let row = &mut panel[step * nr..(step + 1) * nr];
             let k = pc + step * stride;
@@ -165,6 +170,202 @@ pub(super) fn pack_b<T: Element>(
                     0.0
                 };
             }
+        }
+    }
+}
+
+/// Packing of a B stored column by column (row stride 1, as the transposed view of a
+/// row-major weight): blocks of `LANES x LANES` elements read as vectors along K,
+/// transposed in registers and stored as panel rows, instead of one strided element at a
+/// time.
+mod columns {
+    use super::MatView;
+    use crate::DType;
+    use crate::core::tensor::Element;
+
+    /// Packs the full panel of columns `col0..col0 + nr`, K indices `k0..k0 + kc`, into
+    /// `panel` (`out[step][col]`) where this CPU and element type (f32, bf16) have the
+    /// vector path; `false` where they have not (nothing is written then).
+    pub(super) fn pack_panel<T: Element>(
+        b: MatView<T>,
+        col0: usize,
+        (k0, kc): (usize, usize),
+        nr: usize,
+        panel: &mut [f32],
+    ) -> bool {
+        // Every element read lies in the data and every one written in the panel.
+        let last = (col0 + nr - 1)
+            .checked_mul(b.cs)
+            .and_then(|x| x.checked_add(b.offset + k0 + kc));
+        if kc == 0 || nr == 0 || last.is_none_or(|end| end > b.data.len()) || panel.len() < kc * nr
+        {
+            return false;
+        }
+        match T::DTYPE {
+            #[cfg(target_arch = "x86_64")]
+            DType::F32 => x86::pack(
+                bytemuck::cast_slice::<T, f32>(b.data),
+                b,
+                col0,
+                (k0, kc),
+                nr,
+                panel,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            DType::Bf16 => x86::pack(
+                bytemuck::cast_slice::<T, half::bf16>(b.data),
+                b,
+                col0,
+                (k0, kc),
+                nr,
+                panel,
+            ),
+            _ => false,
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use std::arch::x86_64::{__m256, __m512};
+
+        use super::MatView;
+        use crate::core::tensor::Element;
+        use crate::kernels::simd::{Load, Vector};
+        use crate::runtime::cpu::{Avx2Token, Avx512Token};
+
+        /// [`super::pack_panel`] over `data` (B's elements as `L`), checked by the caller.
+        pub(super) fn pack<T: Element, L: Load>(
+            data: &[L],
+            b: MatView<T>,
+            col0: usize,
+            (k0, kc): (usize, usize),
+            nr: usize,
+            panel: &mut [f32],
+        ) -> bool {
+            let first = data[b.offset + col0 * b.cs..].as_ptr();
+            let (out, cs) = (panel.as_mut_ptr(), b.cs);
+            if nr.is_multiple_of(16) && Avx512Token::get().is_some() {
+                // SAFETY: the AVX-512 level is in force (the token); the caller checked that
+                // the columns' elements lie in `data` and the panel holds kc x nr floats.
+                unsafe { by_zmm(first, cs, (k0, kc), nr, out) };
+                return true;
+            }
+            if nr.is_multiple_of(8) && Avx2Token::get().is_some() {
+                // SAFETY: as above, for AVX2 (the token).
+                unsafe { by_ymm(first, cs, (k0, kc), nr, out) };
+                return true;
+            }
+            false
+        }
+
+        /// # Safety
+        /// The CPU has AVX-512F; see [`by_blocks`].
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn by_zmm<L: Load>(
+            first: *const L,
+            cs: usize,
+            k: (usize, usize),
+            nr: usize,
+            out: *mut f32,
+        ) {
+            // SAFETY: the caller's CPU and pointers.
+            unsafe { by_blocks::<__m512, L>(first, cs, k, nr, out) }
+        }
+
+        /// # Safety
+        /// The CPU has AVX2 and FMA; see [`by_blocks`].
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn by_ymm<L: Load>(
+            first: *const L,
+            cs: usize,
+            k: (usize, usize),
+            nr: usize,
+            out: *mut f32,
+        ) {
+            // SAFETY: the caller's CPU and pointers.
+            unsafe { by_blocks::<__m256, L>(first, cs, k, nr, out) }
+        }
+
+        /// `out[step * nr + j] = column j's element k0 + step` for `j < nr` (a multiple of
+        /// `LANES`), `step < kc`, where column `j` starts at `first + j·cs`.
+        ///
+        /// # Safety
+        /// The CPU has `V`'s instruction set; every column holds its K indices
+        /// `k0..k0 + kc`; `out` is valid for `kc x nr` floats.
+        #[inline(always)]
+        unsafe fn by_blocks<V: Vector, L: Load>(
+            first: *const L,
+            cs: usize,
+            (k0, kc): (usize, usize),
+            nr: usize,
+            out: *mut f32,
+        ) {
+            let lanes = V::LANES;
+            let whole = kc / lanes * lanes;
+            // SAFETY: every read is a column's K index below k0 + kc and every write a panel
+            // slot below kc x nr (the contract above).
+            unsafe {
+                let mut block = [V::splat(0.0); 16];
+                for cb in (0..nr).step_by(lanes) {
+                    let column = |i: usize| first.add((cb + i) * cs + k0);
+                    for kb in (0..whole).step_by(lanes) {
+                        for (i, row) in block[..lanes].iter_mut().enumerate() {
+                            *row = L::load::<V>(column(i).add(kb));
+                        }
+                        V::transpose(&mut block[..lanes]);
+                        for (r, row) in block[..lanes].iter().enumerate() {
+                            row.store(out.add((kb + r) * nr + cb));
+                        }
+                    }
+                    for step in whole..kc {
+                        for i in 0..lanes {
+                            *out.add(step * nr + cb + i) = (*column(i).add(step)).to_f32();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The register-transpose packing of a column-major B gives the element-by-element
+    /// packing's panels, for f32 and bf16, full and partial K blocks, on every vector width
+    /// this CPU has (AVX-512's 64-wide panels, AVX2's 16-wide ones).
+    #[test]
+    fn column_major_panels_match_the_element_loop() {
+        let (k, n) = (53, 128);
+        let values: Vec<f32> = (0..k * n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bf16s: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        fn check<T: Element>(data: &[T], (k, n): (usize, usize), nr: usize) {
+            // B = W.t() for a row-major [n + 1, k] W, seen from its second row on.
+            let b = MatView {
+                data,
+                offset: k,
+                rs: 1,
+                cs: k,
+            };
+            for (pc, kc) in [(0, k), (5, 33), (16, 16)] {
+                let len = (n - 1) / nr * nr;
+                let mut fast = vec![f32::NAN; len * kc];
+                pack_b(b, 0, &mut fast, nr, (pc, kc, 0, len), Rounding::None, false);
+                let slow: Vec<f32> = (0..len / nr)
+                    .flat_map(|p| (0..kc).flat_map(move |step| (0..nr).map(move |j| (p, step, j))))
+                    .map(|(p, step, j)| b.at(pc + step, p * nr + j))
+                    .collect();
+                assert_eq!(fast, slow, "{} nr={nr} pc={pc} kc={kc}", T::DTYPE);
+            }
+        }
+        let mut data = values.clone();
+        data.extend(std::iter::repeat_n(0.5, k));
+        let mut wide = bf16s.clone();
+        wide.extend(std::iter::repeat_n(half::bf16::from_f32(0.5), k));
+        for nr in [64, 16] {
+            check(&data, (k, n), nr);
+            check(&wide, (k, n), nr);
         }
     }
 }
