@@ -4,7 +4,7 @@
 //!
 //! Lines: `gemm <f32|bf16> <n>` (a fresh `[n, n] x [n, n]` product, output allocated per
 //! call as `a @ b` does) or `sdpa <f32|bf16> <head dim> <length> <causal 0|1>` (B = 2,
-//! H = 16), `linear <f32|bf16> <m> <k> <n> <plain|t>` (`[m, k] x [k, n]`, the right side
+//! H = 16; a sixth word `mask` adds an additive `[2, 1, length, length]` mask), `linear <f32|bf16> <m> <k> <n> <plain|t>` (`[m, k] x [k, n]`, the right side
 //! a plain matrix or the transposed view of an `[n, k]` weight, as `x @ W.t()`),
 //! `decode <f32|bf16> <heads> <kv heads> <keys> <head dim>` (one query row per head, B = 1)
 //! `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of shape `dims`,
@@ -25,7 +25,8 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// The inputs of one kind of call.
 enum Work {
     Gemm(Tensor, Tensor),
-    Sdpa([Tensor; 3], bool),
+    /// q, k, v, causal, and an additive mask.
+    Sdpa([Tensor; 3], bool, Option<Tensor>),
     Fft(fn(&Tensor) -> backends::Result<Tensor>, Tensor),
     Einsum(String, Vec<Tensor>),
     /// Input, heads, then the in- and out-projection weights and biases.
@@ -59,6 +60,10 @@ fn parse(line: &str) -> Result<Work> {
         Some(&"sdpa") => {
             let (d, l) = (number(2)?, number(3)?);
             let shape = [2, 16, l, d];
+            let mask = match words.get(5) {
+                Some(&"mask") => Some(filled(&[2, 1, l, l], dtype, 4)?),
+                _ => None,
+            };
             Ok(Work::Sdpa(
                 [
                     filled(&shape, dtype, 1)?,
@@ -66,6 +71,7 @@ fn parse(line: &str) -> Result<Work> {
                     filled(&shape, dtype, 3)?,
                 ],
                 number(4)? == 1,
+                mask,
             ))
         }
         Some(&"linear") => {
@@ -86,6 +92,7 @@ fn parse(line: &str) -> Result<Work> {
                     filled(&kv, dtype, 3)?,
                 ],
                 false,
+                None,
             ))
         }
         Some(&"fft") => {
@@ -147,9 +154,10 @@ fn main() -> Result<()> {
         let start = Instant::now();
         match work {
             Work::Gemm(a, b) => drop(matmul(a, b)?),
-            Work::Sdpa([q, k, v], causal) => {
+            Work::Sdpa([q, k, v], causal, mask) => {
                 let options = SdpaOptions {
                     is_causal: *causal,
+                    attn_mask: mask.as_ref(),
                     enable_gqa: q.shape()[1] != k.shape()[1],
                     ..Default::default()
                 };

@@ -1,7 +1,8 @@
 // The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
 // raw scores S = Q K^T, in f32 arithmetic, with top-left causal masking (key j > query i is
 // hidden) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
-// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax). With
+// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
+// score NaN. With
 // dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
 // 1 / (1 - dropout_p)) by `dropout_keep(seed, index)`, the host's decision.
 //
@@ -51,9 +52,17 @@ extern "C" __global__ void __launch_bounds__(THREADS) KERNEL(
 #endif
         return x;
     };
-    float top = NEG_INF;
-    for (int j = threadIdx.x; j < Lk; j += THREADS) top = fmaxf(top, score(j));
+    float top = NEG_INF, saw_nan = 0.f;
+    for (int j = threadIdx.x; j < Lk; j += THREADS) {
+        const float x = score(j);
+        if (x != x) saw_nan = 1.f;
+        top = fmaxf(top, x);  // fmaxf drops a NaN operand: saw_nan keeps it
+    }
     top = block_reduce(top, false, scratch);
+    if (block_reduce(saw_nan, false, scratch) > 0.f) {
+        for (int j = threadIdx.x; j < Lk; j += THREADS) p[j] = from_f32<T>(__int_as_float(0x7fc00000));
+        return;
+    }
     if (top == NEG_INF) {
         for (int j = threadIdx.x; j < Lk; j += THREADS) p[j] = from_f32<T>(0.f);
         return;

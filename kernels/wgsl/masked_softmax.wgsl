@@ -1,7 +1,8 @@
 // The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
 // raw scores S = Q K^T, in f32 arithmetic, with top-left causal masking (key j > query i is
 // hidden) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
-// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax). No dropout:
+// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
+// score NaN. No dropout:
 // WGSL has no 64-bit integers for the host's dropout draw.
 //
 // Specialisation (injected before this text as WGSL declarations):
@@ -27,6 +28,16 @@ const THREADS: u32 = 256u;
 // score (an additive mask's -inf stays -inf, below it).
 const HIDDEN: f32 = -1.0e30;
 var<workgroup> scratch: array<f32, 256>;
+
+// NaN by its bits: `max` may drop a NaN operand, and compares are ordered.
+fn is_nan(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+fn nan() -> f32 {
+    var bits = 0x7fc00000u;  // a run-time value, as a constant NaN is a shader error
+    return bitcast<f32>(bits);
+}
 
 fn mask_hides(index: u32) -> bool {
     if (MASK_KIND == 1u) { return ((u32(mask[index / 4u]) >> (8u * (index % 4u))) & 0xffu) == 0u; }
@@ -72,8 +83,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     let base = row * p.Lk;
     let m_base = p.m_offset + b * p.m_b + h * p.m_h + i * p.m_q;
     var top = HIDDEN;
-    for (var j = tid; j < p.Lk; j += THREADS) { top = max(top, score(base, m_base, i, j)); }
+    var saw_nan = 0.0;
+    for (var j = tid; j < p.Lk; j += THREADS) {
+        let x = score(base, m_base, i, j);
+        if (is_nan(x)) { saw_nan = 1.0; }
+        top = max(top, x);
+    }
     top = reduce(top, tid, false);
+    saw_nan = reduce(saw_nan, tid, false);
+    if (saw_nan > 0.0) {
+        for (var j = tid; j < p.Lk; j += THREADS) { P[base + j] = T(nan()); }
+        return;
+    }
     if (top <= HIDDEN) {
         for (var j = tid; j < p.Lk; j += THREADS) { P[base + j] = T(0.0); }
         return;

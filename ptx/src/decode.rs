@@ -121,6 +121,10 @@ pub(crate) enum Cmp {
     Leu,
     Gtu,
     Geu,
+    /// Either operand is NaN.
+    Nan,
+    /// Neither operand is NaN.
+    Num,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -434,6 +438,8 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
                     Some("leu") => Cmp::Leu,
                     Some("gtu") => Cmp::Gtu,
                     Some("geu") => Cmp::Geu,
+                    Some("nan") => Cmp::Nan,
+                    Some("num") => Cmp::Num,
                     _ => return Err(unsupported(i)),
                 };
                 let d = dest(&operands[0])?;

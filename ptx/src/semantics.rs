@@ -131,8 +131,10 @@ pub(crate) fn compare(cmp: Cmp, ty: Ty, x: u64, y: u64) -> bool {
     };
     use std::cmp::Ordering::*;
     match (cmp, ordering) {
-        (Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu, None) => true,
+        (Cmp::Equ | Cmp::Neu | Cmp::Ltu | Cmp::Leu | Cmp::Gtu | Cmp::Geu | Cmp::Nan, None) => true,
         (_, None) => false,
+        (Cmp::Nan, Some(_)) => false,
+        (Cmp::Num, Some(_)) => true,
         (Cmp::Eq | Cmp::Equ, Some(o)) => o == Equal,
         (Cmp::Ne | Cmp::Neu, Some(o)) => o != Equal,
         (Cmp::Lt | Cmp::Ltu, Some(o)) => o == Less,
@@ -215,6 +217,8 @@ mod tests {
         let nan = u64::from(f32::NAN.to_bits());
         let one = u64::from(1f32.to_bits());
         assert!(compare(Cmp::Ltu, Ty::F32, nan, one) && !compare(Cmp::Lt, Ty::F32, nan, one));
+        assert!(compare(Cmp::Nan, Ty::F32, one, nan) && !compare(Cmp::Nan, Ty::F32, one, one));
+        assert!(compare(Cmp::Num, Ty::F32, one, one) && !compare(Cmp::Num, Ty::F32, nan, one));
         assert_eq!(arith(Arith::Max, Ty::F32, nan, one), Some(one));
         // cvt.s64.s32 sign-extends; cvt.u32.u64 truncates; tf32 rounds ties away from zero.
         assert_eq!(

@@ -224,5 +224,21 @@ pub fn device_math_error(device: backends::Device) -> f64 {
         assert_eq!(got.len(), expected.len());
         worst = worst.max(rel_err(&got, &expected));
     }
+    // A NaN in q makes its row NaN (max operations on the device drop NaN operands).
+    let (l, d) = (5, 8);
+    let mut values = random(l * d);
+    values[d + 2] = f64::NAN;
+    let q = Tensor::from_f64(&values, &[1, 1, l, d], DType::F32, device).unwrap();
+    let k = Tensor::from_f64(&random(l * d), &[1, 1, l, d], DType::F32, device).unwrap();
+    let out = sdpa(&q, &k, &k, &SdpaOptions::default())
+        .unwrap()
+        .output
+        .to_f64()
+        .unwrap();
+    assert!(out[d..2 * d].iter().all(|x| x.is_nan()), "{out:?}");
+    assert!(
+        out[..d].iter().chain(&out[2 * d..]).all(|x| x.is_finite()),
+        "{out:?}"
+    );
     worst
 }
