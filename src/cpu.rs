@@ -3,7 +3,7 @@
 
 pub use crate::runtime::cpu::{
     CAPABILITY_ENV, CpuCapability, bf16_dot_speedup, detected_cpu_capability, features,
-    get_cpu_capability, has_avx512_bf16, l2_cache_bytes, model_name,
+    get_cpu_capability, has_amx_bf16, has_avx512_bf16, l2_cache_bytes, model_name,
 };
 
 pub(crate) fn report() -> serde_json::Value {

@@ -521,8 +521,9 @@ fn wgpu_views_batches_emulation_and_determinism() {
 }
 
 /// With "medium" precision on a CPU with AVX512-BF16 the inputs are rounded to bf16 and
-/// accumulated in f32, by the dot-product kernel where the CPU runs it faster than f32
-/// FMAs, else by the f32 kernel on the rounded values (the trace names which).
+/// accumulated in f32: on AMX tiles where the CPU has them, by the dot-product kernel where
+/// the CPU runs it faster than f32 FMAs, else by the f32 kernel on the rounded values (the
+/// trace names which).
 #[test]
 fn medium_precision_rounds_the_inputs_to_bf16_and_accumulates_in_f32() {
     if !backends::cpu::has_avx512_bf16()
@@ -557,7 +558,9 @@ fn medium_precision_rounds_the_inputs_to_bf16_and_accumulates_in_f32() {
             );
         }
     }
-    let kernel = if backends::cpu::bf16_dot_speedup().is_some_and(|s| s > 1.5) {
+    let kernel = if backends::cpu::has_amx_bf16() {
+        "cpu/amx_bf16,"
+    } else if backends::cpu::bf16_dot_speedup().is_some_and(|s| s > 1.5) {
         "cpu/avx512_bf16,"
     } else {
         "cpu/avx512,"
@@ -657,5 +660,56 @@ fn linear_adds_the_bias_and_keeps_leading_dimensions() {
             ),
             "{r:?}"
         );
+    }
+}
+
+/// bf16 products on AMX tiles where the CPU has them: sizes off every tile multiple, K over
+/// several packed blocks, N over several column blocks, a transposed and a strided operand;
+/// against the f64 product of the same bf16 values, and the trace names the kernel.
+#[test]
+fn amx_tiles_where_the_cpu_has_them() {
+    if !backends::cpu::has_amx_bf16()
+        || backends::cpu::get_cpu_capability() != backends::cpu::CpuCapability::Avx512
+    {
+        eprintln!("skipped: no AMX-BF16 here (or the AVX-512 level is not in force)");
+        return;
+    }
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    for (m, n, k, transposed) in [
+        (33, 65, 2100, false),
+        (40, 1100, 70, true),
+        (9, 31, 33, false),
+        (64, 64, 64, true),
+    ] {
+        let (a, b) = (random(m * (k + 1)), random(k * n));
+        // A: the first k of k + 1 columns (a strided view); B plain or W.t().
+        let a = tensor::<bf16>(&a, &[m, k + 1], Device::Cpu)
+            .narrow(1, 0, k)
+            .unwrap();
+        let b = if transposed {
+            tensor::<bf16>(&b, &[n, k], Device::Cpu).t().unwrap()
+        } else {
+            tensor::<bf16>(&b, &[k, n], Device::Cpu)
+        };
+        let capture = backends::TraceCapture::start();
+        let out = matmul(&a, &b).unwrap();
+        let lines = capture.take();
+        assert!(
+            !lines.is_empty() && lines.iter().all(|l| l.contains("cpu/amx_bf16,")),
+            "{lines:?}"
+        );
+        let want = reference(&values::<bf16>(&a), &values::<bf16>(&b), m, n, k);
+        let err = rel_err(&values::<bf16>(&out), &want);
+        assert!(err < 1e-2, "{m}x{n}x{k} transposed={transposed}: {err}");
+        // f32 accumulation: far tighter than the output's bf16 rounding, checked before it.
+        let exact_f32 = {
+            let _m =
+                backends::float32_matmul_precision_scoped(backends::Float32MatmulPrecision::Medium);
+            let a32 = tensor::<f32>(&values::<bf16>(&a), &[m, k], Device::Cpu);
+            let b32 = tensor::<f32>(&values::<bf16>(&b), &[k, n], Device::Cpu);
+            values::<f32>(&matmul(&a32, &b32).unwrap())
+        };
+        let err = rel_err(&exact_f32, &want);
+        assert!(err < 1e-5, "{m}x{n}x{k} f32 at medium precision: {err}");
     }
 }

@@ -8,6 +8,8 @@
 //! lays A and B out in panels (rounding inputs for the reduced-precision modes), and
 //! `micro.rs` holds the micro-kernels that multiply one panel pair into a tile of C.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod driver;
 mod micro;
 mod pack;
@@ -132,6 +134,10 @@ pub(crate) fn gemm<T: Element>(
     if skinny::kernel::<T>((m, n), (b.rs, b.cs), rounding).is_some() {
         return skinny::gemm(c, (m, n, k), a, b, threads);
     }
+    #[cfg(target_arch = "x86_64")]
+    if amx::kernel::<T>(rounding).is_some() && amx::gemm(c, (m, n, k), a, b, threads) {
+        return;
+    }
     let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
         crate::kernels::dispatch::cpu_kernels().gemm_bf16
     } else {
@@ -141,14 +147,14 @@ pub(crate) fn gemm<T: Element>(
 }
 
 /// The kernel [`gemm`] runs for `m` rows of A against a B of `n` columns and strides `(rs, cs)` when it is
-/// not the packed micro-kernel path: the skinny path's name, or `None`.
+/// not the packed micro-kernel path: the skinny path's name, AMX's, or `None`.
 pub(crate) fn special_kernel<T: Element>(
     (m, n): (usize, usize),
     strides: (usize, usize),
     rounding: Rounding,
 ) -> Option<&'static str> {
     #[cfg(target_arch = "x86_64")]
-    return skinny::kernel::<T>((m, n), strides, rounding);
+    return skinny::kernel::<T>((m, n), strides, rounding).or_else(|| amx::kernel::<T>(rounding));
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (m, n, strides, rounding);

@@ -135,9 +135,15 @@ pub(super) fn pack_b<T: Element>(
     let steps = kc.div_ceil(stride);
     for (p, panel) in out.chunks_mut(nr * steps).enumerate() {
         let col0 = col_begin + (first_panel + p) * nr;
-        // A B stored column by column (`W.t()`): whole panels go through register transposes.
-        let by_columns = !pairs && rounding == Rounding::None && b.rs == 1 && b.cs != 1;
-        if by_columns && col0 + nr <= col_end && columns::pack_panel(b, col0, (pc, kc), nr, panel) {
+        // A B stored column by column (`W.t()`): whole panels go through register transposes
+        // (of values, or for bf16 pairs of the 32-bit words two K indices make).
+        let exact = if pairs {
+            T::DTYPE == DType::Bf16
+        } else {
+            rounding == Rounding::None
+        };
+        let by_columns = exact && b.rs == 1 && b.cs != 1 && col0 + nr <= col_end;
+        if by_columns && columns::pack_panel(b, col0, (pc, kc), nr, pairs, panel) {
             continue;
         }
         for step in 0..steps {
@@ -184,31 +190,37 @@ mod columns {
     use crate::core::tensor::Element;
 
     /// Packs the full panel of columns `col0..col0 + nr`, K indices `k0..k0 + kc`, into
-    /// `panel` (`out[step][col]`) where this CPU and element type (f32, bf16) have the
-    /// vector path; `false` where they have not (nothing is written then).
+    /// `panel` (`out[step][col]`, a step one K index or with `pairs` two as bf16) where this
+    /// CPU and element type (f32, bf16; pairs of bf16) have the vector path; `false` where
+    /// they have not (nothing is written then).
     pub(super) fn pack_panel<T: Element>(
         b: MatView<T>,
         col0: usize,
         (k0, kc): (usize, usize),
         nr: usize,
+        pairs: bool,
         panel: &mut [f32],
     ) -> bool {
         // Every element read lies in the data and every one written in the panel.
         let last = (col0 + nr - 1)
             .checked_mul(b.cs)
             .and_then(|x| x.checked_add(b.offset + k0 + kc));
-        if kc == 0 || nr == 0 || last.is_none_or(|end| end > b.data.len()) || panel.len() < kc * nr
+        let steps = if pairs { kc.div_ceil(2) } else { kc };
+        if kc == 0
+            || nr == 0
+            || last.is_none_or(|end| end > b.data.len())
+            || panel.len() < steps * nr
         {
             return false;
         }
         match T::DTYPE {
             #[cfg(target_arch = "x86_64")]
-            DType::F32 => x86::pack(
+            DType::F32 if !pairs => x86::pack(
                 bytemuck::cast_slice::<T, f32>(b.data),
                 b,
                 col0,
                 (k0, kc),
-                nr,
+                (nr, false),
                 panel,
             ),
             #[cfg(target_arch = "x86_64")]
@@ -217,7 +229,7 @@ mod columns {
                 b,
                 col0,
                 (k0, kc),
-                nr,
+                (nr, pairs),
                 panel,
             ),
             _ => false,
@@ -239,20 +251,21 @@ mod columns {
             b: MatView<T>,
             col0: usize,
             (k0, kc): (usize, usize),
-            nr: usize,
+            (nr, pairs): (usize, bool),
             panel: &mut [f32],
         ) -> bool {
             let first = data[b.offset + col0 * b.cs..].as_ptr();
             let (out, cs) = (panel.as_mut_ptr(), b.cs);
             if nr.is_multiple_of(16) && Avx512Token::get().is_some() {
                 // SAFETY: the AVX-512 level is in force (the token); the caller checked that
-                // the columns' elements lie in `data` and the panel holds kc x nr floats.
-                unsafe { by_zmm(first, cs, (k0, kc), nr, out) };
+                // the columns' elements lie in `data` and the panel holds its steps x nr
+                // floats.
+                unsafe { by_zmm(first, cs, (k0, kc), (nr, pairs), out) };
                 return true;
             }
             if nr.is_multiple_of(8) && Avx2Token::get().is_some() {
                 // SAFETY: as above, for AVX2 (the token).
-                unsafe { by_ymm(first, cs, (k0, kc), nr, out) };
+                unsafe { by_ymm(first, cs, (k0, kc), (nr, pairs), out) };
                 return true;
             }
             false
@@ -265,7 +278,7 @@ mod columns {
             first: *const L,
             cs: usize,
             k: (usize, usize),
-            nr: usize,
+            nr: (usize, bool),
             out: *mut f32,
         ) {
             // SAFETY: the caller's CPU and pointers.
@@ -279,7 +292,7 @@ mod columns {
             first: *const L,
             cs: usize,
             k: (usize, usize),
-            nr: usize,
+            nr: (usize, bool),
             out: *mut f32,
         ) {
             // SAFETY: the caller's CPU and pointers.
@@ -287,39 +300,57 @@ mod columns {
         }
 
         /// `out[step * nr + j] = column j's element k0 + step` for `j < nr` (a multiple of
-        /// `LANES`), `step < kc`, where column `j` starts at `first + j·cs`.
+        /// `LANES`), `step < kc`, where column `j` starts at `first + j·cs`; with `pairs`
+        /// (bf16 elements), step `s` holds elements `k0 + 2s` and `k0 + 2s + 1` (0 past
+        /// `kc`) as one 32-bit word, the transpose then moving words.
         ///
         /// # Safety
         /// The CPU has `V`'s instruction set; every column holds its K indices
-        /// `k0..k0 + kc`; `out` is valid for `kc x nr` floats.
+        /// `k0..k0 + kc`; `out` is valid for `steps x nr` floats.
         #[inline(always)]
         unsafe fn by_blocks<V: Vector, L: Load>(
             first: *const L,
             cs: usize,
             (k0, kc): (usize, usize),
-            nr: usize,
+            (nr, pairs): (usize, bool),
             out: *mut f32,
         ) {
             let lanes = V::LANES;
-            let whole = kc / lanes * lanes;
-            // SAFETY: every read is a column's K index below k0 + kc and every write a panel
-            // slot below kc x nr (the contract above).
+            let (steps, full) = if pairs {
+                (kc.div_ceil(2), kc / 2)
+            } else {
+                (kc, kc)
+            };
+            let whole = full / lanes * lanes;
+            // SAFETY: every read is a column's K index below k0 + kc (a vector of pairs
+            // reads 2 x LANES elements from an even step) and every write a panel slot below
+            // steps x nr (the contract above).
             unsafe {
                 let mut block = [V::splat(0.0); 16];
                 for cb in (0..nr).step_by(lanes) {
                     let column = |i: usize| first.add((cb + i) * cs + k0);
                     for kb in (0..whole).step_by(lanes) {
                         for (i, row) in block[..lanes].iter_mut().enumerate() {
-                            *row = L::load::<V>(column(i).add(kb));
+                            *row = if pairs {
+                                V::load(column(i).add(2 * kb).cast())
+                            } else {
+                                L::load::<V>(column(i).add(kb))
+                            };
                         }
                         V::transpose(&mut block[..lanes]);
                         for (r, row) in block[..lanes].iter().enumerate() {
                             row.store(out.add((kb + r) * nr + cb));
                         }
                     }
-                    for step in whole..kc {
+                    for step in whole..steps {
                         for i in 0..lanes {
-                            *out.add(step * nr + cb + i) = (*column(i).add(step)).to_f32();
+                            let at = column(i);
+                            *out.add(step * nr + cb + i) = if pairs {
+                                let hi = (2 * step + 1 < kc).then(|| *at.add(2 * step + 1));
+                                super::super::pair_of(*at.add(2 * step), hi)
+                            } else {
+                                (*at.add(step)).to_f32()
+                            };
                         }
                     }
                 }
@@ -348,7 +379,7 @@ mod tests {
                 rs: 1,
                 cs: k,
             };
-            for (pc, kc) in [(0, k), (5, 33), (16, 16)] {
+            for (pc, kc) in [(0, k), (5, 33), (16, 16), (2, 51)] {
                 let len = (n - 1) / nr * nr;
                 let mut fast = vec![f32::NAN; len * kc];
                 pack_b(b, 0, &mut fast, nr, (pc, kc, 0, len), Rounding::None, false);
@@ -357,6 +388,26 @@ mod tests {
                     .map(|(p, step, j)| b.at(pc + step, p * nr + j))
                     .collect();
                 assert_eq!(fast, slow, "{} nr={nr} pc={pc} kc={kc}", T::DTYPE);
+                if T::DTYPE != DType::Bf16 {
+                    continue;
+                }
+                // Pairs of bf16 (the dot-product and AMX layouts): words of two K indices.
+                let steps = kc.div_ceil(2);
+                let mut fast = vec![f32::NAN; len * steps];
+                pack_b(b, 0, &mut fast, nr, (pc, kc, 0, len), Rounding::None, true);
+                let value = |k: usize, col: usize| b.data[b.offset + k * b.rs + col * b.cs];
+                let slow: Vec<u32> = (0..len / nr)
+                    .flat_map(|p| {
+                        (0..steps).flat_map(move |step| (0..nr).map(move |j| (p, step, j)))
+                    })
+                    .map(|(p, step, j)| {
+                        let (k, col) = (pc + 2 * step, p * nr + j);
+                        let hi = (k + 1 < pc + kc).then(|| value(k + 1, col));
+                        pair_of(value(k, col), hi).to_bits()
+                    })
+                    .collect();
+                let fast: Vec<u32> = fast.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(fast, slow, "pairs nr={nr} pc={pc} kc={kc}");
             }
         }
         let mut data = values.clone();
