@@ -158,3 +158,49 @@ fn views_and_copies_of_device_tensors() {
     assert!(copy.is_contiguous());
     assert_eq!(copy.to_f64().unwrap(), host_view.to_f64().unwrap());
 }
+
+/// Attention on views of a packed `[B, L, 3, H, D]` projection (strided, with offsets) gives
+/// what it gives on contiguous copies of the same values, on the CPU (f32 and bf16, fused
+/// and math) and on wgpu (which copies such views first and says so in the trace).
+#[test]
+fn attention_reads_views_of_a_packed_projection() {
+    use backends::attention::{SdpBackend, sdpa_kernel_scoped};
+    use backends::{SdpaOptions, sdpa};
+    let (b, l, h, d) = (2, 9, 3, 16);
+    let mut runs = vec![(DType::F32, Device::Cpu), (DType::Bf16, Device::Cpu)];
+    runs.extend(adapter().map(|device| (DType::F32, device)));
+    for (dtype, device) in runs {
+        let packed =
+            Tensor::from_f64(&random(b * l * 3 * h * d), &[b, l, 3, h, d], dtype, device).unwrap();
+        let part = |i| packed.select(2, i).unwrap().permute(&[0, 2, 1, 3]).unwrap();
+        let (q, k, v) = (part(0), part(1), part(2));
+        assert!(!q.is_contiguous() && k.offset() > 0);
+        for backend in [None, Some(SdpBackend::Math)] {
+            let _only = backend.map(|b| sdpa_kernel_scoped(&[b], false));
+            let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+            let capture = backends::TraceCapture::start();
+            let viewed = sdpa(&q, &k, &v, &SdpaOptions::default()).unwrap().output;
+            let lines = capture.take();
+            let copied = sdpa(
+                &q.contiguous().unwrap(),
+                &k.contiguous().unwrap(),
+                &v.contiguous().unwrap(),
+                &SdpaOptions::default(),
+            )
+            .unwrap()
+            .output;
+            assert_eq!(
+                viewed.to_f64().unwrap(),
+                copied.to_f64().unwrap(),
+                "{dtype} on {device}, {backend:?}"
+            );
+            if matches!(device, Device::Wgpu(_)) && backend.is_none() {
+                assert!(
+                    // q starts at the buffer's start: only k and v (offsets) are copied.
+                    lines.iter().any(|l| l.contains("2 input views copied")),
+                    "{lines:?}"
+                );
+            }
+        }
+    }
+}

@@ -8,7 +8,8 @@
 //! - fp32 precision `tf32`: no CPU or wgpu hardware has TF32, so the product stays IEEE fp32
 //!   unless [`EMULATE_REDUCED_PRECISION`] is on, in which case inputs are rounded to TF32.
 //! - fp32 precision `bf16` ("medium"): inputs are rounded to bf16 (f32 accumulate) where
-//!   the CPU has AVX512-BF16, or under [`EMULATE_REDUCED_PRECISION`]; else IEEE fp32.
+//!   the CPU has AVX512-BF16, or under [`EMULATE_REDUCED_PRECISION`]; else IEEE fp32. Such
+//!   products, and bf16 ones, run on AMX tiles where the CPU has AMX-BF16.
 //! - fp16/bf16 inputs always accumulate in f32 with no split-K, so
 //!   `allow_{fp16,bf16}_reduced_precision_reduction` and `allow_fp16_accumulation` have no
 //!   effect on these devices.

@@ -21,28 +21,35 @@ pub(crate) fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
     }
     Ok(Cow::Owned(match t.dtype() {
         DType::F32 => t.to_vec::<f32>()?,
+        DType::Bf16 => t.to_vec::<bf16>()?.into_iter().map(f32::from).collect(),
+        DType::F16 => t.to_vec::<f16>()?.into_iter().map(f32::from).collect(),
         _ => host_f64(t)?.into_iter().map(|x| x as f32).collect(),
     }))
 }
 
 /// q, k or v as the CPU fused path reads it: f32 values (borrowed when the tensor is
-/// contiguous f32), or a contiguous 16-bit tensor's own elements, which each thread widens
-/// piece by piece as it needs them (no serial whole-tensor conversion).
+/// contiguous f32), or a 16-bit tensor's own elements (borrowed when contiguous, else one
+/// row-major copy in its dtype), which each thread widens piece by piece as it needs them
+/// (no serial whole-tensor conversion).
 pub(crate) enum Input<'a> {
     F32(Cow<'a, [f32]>),
-    Bf16(&'a [bf16]),
-    F16(&'a [f16]),
+    Bf16(Cow<'a, [bf16]>),
+    F16(Cow<'a, [f16]>),
 }
 
 impl<'a> Input<'a> {
     fn of(t: &'a Tensor) -> Result<Input<'a>> {
-        if let Some(values) = t.contiguous_host::<bf16>() {
-            return Ok(Input::Bf16(values));
+        fn values<'t, T: crate::Element>(t: &'t Tensor) -> Result<Cow<'t, [T]>> {
+            Ok(match t.contiguous_host::<T>() {
+                Some(values) => Cow::Borrowed(values),
+                None => Cow::Owned(t.to_vec::<T>()?),
+            })
         }
-        if let Some(values) = t.contiguous_host::<f16>() {
-            return Ok(Input::F16(values));
+        match t.dtype() {
+            DType::Bf16 => values(t).map(Input::Bf16),
+            DType::F16 => values(t).map(Input::F16),
+            _ => host_f32(t).map(Input::F32),
         }
-        host_f32(t).map(Input::F32)
     }
 
     /// Elements `range` as f32 into `out` (of that length).
@@ -450,7 +457,7 @@ mod tests {
         let mut cache = HeadCache::default();
         assert_eq!(cache.f32s(&input, 0, 5..77).as_ptr(), all[5..].as_ptr());
         let halves: Vec<half::bf16> = all.iter().map(|&x| half::bf16::from_f32(x)).collect();
-        let input = Input::Bf16(&halves);
+        let input = Input::Bf16(std::borrow::Cow::Borrowed(&halves));
         let got = cache.f32s(&input, 3, 5..53).to_vec();
         assert_eq!(
             got,

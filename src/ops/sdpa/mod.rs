@@ -254,7 +254,11 @@ pub fn sdpa(
             })
         }
         (Device::Wgpu(index), SdpBackend::Flash | SdpBackend::MemEfficient) => {
-            trace::kernel(describe("wgsl, f32 compute"), || {
+            let note = match wgpu::copies(&job) {
+                0 => "wgsl, f32 compute".to_string(),
+                n => format!("wgsl, f32 compute, {n} input views copied to contiguous first"),
+            };
+            trace::kernel(describe(&note), || {
                 wgpu::wgpu_fused(index, backend, pin.and_then(|p| p.entry()), &job)
             })
         }

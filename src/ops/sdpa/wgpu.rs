@@ -6,13 +6,51 @@ use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::{DType, Device, Error, Result};
 
-/// Flash or memory-efficient attention on wgpu through the generated WGSL.
+/// Whether the WGSL kernels read `t` as it is: no offset into its buffer, the last
+/// dimension contiguous (they take the other strides).
+fn readable(t: &Tensor) -> bool {
+    t.offset() == 0 && t.strides().last().is_none_or(|&s| s == 1)
+}
+
+/// How many of q, k, v and the mask [`wgpu_fused`] copies first (views the kernels cannot
+/// read), for the trace.
+pub(super) fn copies(job: &Job) -> usize {
+    [
+        Some(job.query),
+        Some(job.key),
+        Some(job.value),
+        job.options.attn_mask,
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|t| !readable(t))
+    .count()
+}
+
+/// Flash or memory-efficient attention on wgpu through the generated WGSL; q, k, v or a mask
+/// that the kernels cannot read (an offset, a strided last dimension) is copied first.
 pub(super) fn wgpu_fused(
     index: usize,
     backend: SdpBackend,
     pinned: Option<&'static KernelEntry>,
     job: &Job,
 ) -> Result<SdpaOutput> {
+    let ready = |t: &Tensor| -> Result<Option<Tensor>> {
+        (!readable(t)).then(|| t.to_device(t.device())).transpose()
+    };
+    let (q, k, v) = (ready(job.query)?, ready(job.key)?, ready(job.value)?);
+    let mask = job.options.attn_mask.map(ready).transpose()?.flatten();
+    let options = super::SdpaOptions {
+        attn_mask: mask.as_ref().or(job.options.attn_mask),
+        ..*job.options
+    };
+    let job = &Job {
+        query: q.as_ref().unwrap_or(job.query),
+        key: k.as_ref().unwrap_or(job.key),
+        value: v.as_ref().unwrap_or(job.value),
+        options: &options,
+        ..job.clone()
+    };
     let Job {
         query: q,
         key: k,
