@@ -187,6 +187,16 @@ for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
                     f"sdpa {name} {d} {l} {int(causal)}",
                     4 * 2 * 16 * l * l * d / (2 if causal else 1) / 1e12,
                     lambda d=d, l=l, c=causal, t=dtype: torch_sdpa(getattr(torch, t), d, l, c)))
+# f32 prefill with an additive [B, 1, L, L] mask.
+def torch_sdpa_mask(d, l):
+    q, k, v = ((torch.rand(2, 16, l, d) * 2 - 1) for _ in range(3))
+    mask = torch.rand(2, 1, l, l) * 2 - 1
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+for d in (64, 128):
+    for l in sdpa_lengths:
+        works.append((f"SDPA f32 D={d} L={l} additive [B,1,L,L] mask (TFLOP/s)",
+                      f"sdpa f32 {d} {l} 0 mask", 4 * 2 * 16 * l * l * d / 1e12,
+                      lambda d=d, l=l: torch_sdpa_mask(d, l)))
 for name, line, work, make in works:
     theirs = make() if torch else None
     ours_call(line)

@@ -206,6 +206,16 @@ unsafe fn block_lanes<
                 unsafe { scores::<V, KEYS, VECS>(qt, r0, d, k, key_at, &mut st[c0..], ahead) };
             }
         }
+        // A mask that varies along the rows is added here, tile by tile; one that does not
+        // is added in the softmax, one broadcast value per key.
+        let bias = match bias {
+            Some(mask) if mask.si != 0 => {
+                // SAFETY: under `V`'s instruction set (the caller's).
+                unsafe { add_mask::<V>(&mut st[..keys], mask, rows.clone(), kb) };
+                None
+            }
+            other => other,
+        };
         for (j, state) in states[..vectors].iter_mut().enumerate() {
             let row0 = rows.start + V::LANES * j;
             if row0 >= rows.end {
@@ -488,6 +498,57 @@ unsafe fn softmax<V: SoftmaxLanes>(
         }
         state.sum = V::fmadd(state.sum, factor, sum);
         factor.store(alpha.as_mut_ptr().add(lanes.first));
+    }
+}
+
+/// Adds the mask to one key block's scores `st[c][r]` (row `rows.start + r`, key `kb + c`):
+/// `LANES x LANES` tiles of mask rows read as vectors along the keys and transposed in
+/// registers (no per-key gathers), element by element at the block's edges or where the
+/// keys are not contiguous in the mask.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set.
+#[inline(always)]
+unsafe fn add_mask<V: Vector>(
+    st: &mut [[f32; BLOCK_M]],
+    mask: MaskView,
+    rows: std::ops::Range<usize>,
+    kb: usize,
+) {
+    let lanes = V::LANES;
+    let (whole_rows, whole_keys) = if mask.sj == 1 {
+        (rows.len() / lanes * lanes, st.len() / lanes * lanes)
+    } else {
+        (0, 0)
+    };
+    // SAFETY: register work under `V`'s instruction set (the caller's).
+    let mut block = [unsafe { V::splat(0.0) }; 16];
+    for r0 in (0..whole_rows).step_by(lanes) {
+        let first = mask.base + (rows.start + r0) * mask.si + kb;
+        // The tile's last element (row r0 + lanes - 1, key whole_keys - 1) is in the mask.
+        assert!(first + (lanes - 1) * mask.si + whole_keys <= mask.values.len());
+        for c0 in (0..whole_keys).step_by(lanes) {
+            // SAFETY: the loads read keys kb + c0.. of rows r0..r0 + lanes, inside the
+            // mask (checked above); the adds touch lanes r0..r0 + lanes of st's rows c0..,
+            // inside its BLOCK_M lanes (r0 + lanes <= rows.len() <= BLOCK_M).
+            unsafe {
+                for (i, row) in block[..lanes].iter_mut().enumerate() {
+                    *row = V::load(mask.values.as_ptr().add(first + i * mask.si + c0));
+                }
+                V::transpose(&mut block[..lanes]);
+                for (c, values) in block[..lanes].iter().enumerate() {
+                    let at = st[c0 + c].as_mut_ptr().add(r0);
+                    V::add(V::load(at), *values).store(at);
+                }
+            }
+        }
+    }
+    // The edges: keys past the whole tiles for the tiled rows, every key for the others.
+    for (c, key) in st.iter_mut().enumerate() {
+        let first = if c < whole_keys { whole_rows } else { 0 };
+        for (r, score) in key[first..rows.len()].iter_mut().enumerate() {
+            *score += mask.at(rows.start + first + r, kb + c);
+        }
     }
 }
 

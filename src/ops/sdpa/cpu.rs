@@ -27,6 +27,40 @@ pub(crate) fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
     }))
 }
 
+/// An attention mask as the fused kernels read it: additive f32 values (borrowed from a
+/// contiguous f32 mask, else one row-major copy; a boolean mask as 0 and -inf) and its
+/// broadcast strides over `[B, H, Lq, Lk]`.
+pub(crate) struct Mask<'a> {
+    values: Cow<'a, [f32]>,
+    strides: [usize; 4],
+}
+
+impl<'a> Mask<'a> {
+    fn of(mask: &'a Tensor) -> Result<Mask<'a>> {
+        let values = if mask.dtype() == DType::Bool {
+            let hidden = |keep: bool| if keep { 0.0 } else { f32::NEG_INFINITY };
+            Cow::Owned(mask.to_bools()?.into_iter().map(hidden).collect())
+        } else {
+            host_f32(mask)?
+        };
+        let strides = super::broadcast_strides(
+            mask.shape(),
+            &crate::core::tensor::contiguous_strides(mask.shape()),
+        );
+        Ok(Mask { values, strides })
+    }
+
+    /// The `[Lq, Lk]` mask of batch `b`, head `h`.
+    fn of_head(&self, b: usize, h: usize) -> MaskView<'_> {
+        MaskView {
+            values: &self.values,
+            base: b * self.strides[0] + h * self.strides[1],
+            si: self.strides[2],
+            sj: self.strides[3],
+        }
+    }
+}
+
 /// q, k or v as the CPU fused path reads it: f32 values (borrowed when the tensor is
 /// contiguous f32), or a 16-bit tensor's own elements (borrowed when contiguous, else one
 /// row-major copy in its dtype), which each thread widens piece by piece as it needs them
@@ -128,13 +162,10 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     } = *job;
     let (qv, kv, vv) = (Input::of(q)?, Input::of(k)?, Input::of(v)?);
     let scale = scale as f32;
-    let bias = Bias::of(o.attn_mask)?;
-    let bias_values: Option<Vec<f32>> = bias
-        .as_ref()
-        .map(|m| m.values.iter().map(|&x| x as f32).collect());
+    let mask = o.attn_mask.map(Mask::of).transpose()?;
     #[cfg(target_arch = "x86_64")]
     if decodes(job) {
-        let masks = bias.as_ref().zip(bias_values.as_deref());
+        let masks = mask.as_ref();
         let (out, lse) = match (&kv, &vv) {
             (Input::F32(k), Input::F32(v)) => decode(job, &qv, (k, v), masks)?,
             (Input::Bf16(k), Input::Bf16(v)) => decode(job, &qv, (k, v), masks)?,
@@ -166,7 +197,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let per = items.len().div_ceil(threads);
     let kernels = crate::kernels::dispatch::cpu_kernels();
     let key_rows = kernels.attention_reads_key_rows;
-    let (qv, kv, vv, bias, bias_values) = (&qv, &kv, &vv, &bias, &bias_values);
+    let (qv, kv, vv, mask) = (&qv, &kv, &vv, &mask);
     type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
     let work = |(chunk, mut q_block): Chunk| {
         // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
@@ -201,15 +232,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 (&[][..], kt)
             };
             let v = v_head.f32s(vv, kvh, kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv);
-            let mask = bias
-                .as_ref()
-                .zip(bias_values.as_deref())
-                .map(|(m, values)| MaskView {
-                    values,
-                    base: b * m.strides[0] + h * m.strides[1],
-                    si: m.strides[2],
-                    sj: m.strides[3],
-                });
+            let mask = mask.as_ref().map(|m| m.of_head(b, h));
             (kernels.attention_block)(BlockArgs {
                 q,
                 k,
@@ -303,7 +326,7 @@ fn decode<E: crate::kernels::simd::Load>(
     job: &Job,
     qv: &Input,
     (kv, vv): (&[E], &[E]),
-    masks: Option<(&Bias, &[f32])>,
+    masks: Option<&Mask>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     use crate::kernels::attention::decode::{Group, run};
     let s = &job.shape;
@@ -361,12 +384,7 @@ fn decode<E: crate::kernels::simd::Load>(
             for r in 0..rows {
                 let (h, i) = (hk * group + r / s.lq, r % s.lq);
                 let keys = if causal { s.lk.min(i + 1) } else { s.lk };
-                let mask = masks.map(|(m, values)| MaskView {
-                    values,
-                    base: b * m.strides[0] + h * m.strides[1],
-                    si: m.strides[2],
-                    sj: m.strides[3],
-                });
+                let mask = masks.map(|m| m.of_head(b, h));
                 row_info.push((keys, mask, i));
             }
             run(Group {
