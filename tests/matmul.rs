@@ -348,7 +348,10 @@ fn bad_input_is_a_typed_error() {
         }
     );
     let err = matmul(&Tensor::full(1f32, &[4], Device::Cpu).unwrap(), &a).unwrap_err();
-    assert!(err.to_string().contains("2-D or 3-D"), "{err}");
+    assert!(err.to_string().contains("4 != 3"), "{err}");
+    let scalar = Tensor::full(1f32, &[], Device::Cpu).unwrap();
+    let err = matmul(&scalar, &a).unwrap_err();
+    assert!(err.to_string().contains("at least one dimension"), "{err}");
     let err = matmul(
         &Tensor::full(1f32, &[2, 3, 4], Device::Cpu).unwrap(),
         &Tensor::full(1f32, &[3, 4, 2], Device::Cpu).unwrap(),
@@ -712,4 +715,76 @@ fn amx_tiles_where_the_cpu_has_them() {
         let err = rel_err(&exact_f32, &want);
         assert!(err < 1e-5, "{m}x{n}x{k} f32 at medium precision: {err}");
     }
+}
+
+/// `torch.matmul`'s shapes (checked against PyTorch 2.15): 1-D operands as row or column
+/// vectors whose dimension the result drops, and batch dimensions that broadcast beyond
+/// three dimensions; values against the f64 product of each batch entry.
+#[test]
+fn torch_matmul_semantics() {
+    let cases: [(&[usize], &[usize], &[usize]); 9] = [
+        (&[4], &[4], &[]),
+        (&[4], &[4, 5], &[5]),
+        (&[3, 4], &[4], &[3]),
+        (&[4], &[2, 4, 5], &[2, 5]),
+        (&[2, 3, 4], &[4], &[2, 3]),
+        (&[2, 1, 3, 4], &[5, 4, 6], &[2, 5, 3, 6]),
+        (&[3, 4], &[2, 5, 4, 6], &[2, 5, 3, 6]),
+        (&[2, 3, 4], &[4, 5], &[2, 3, 5]),
+        (&[1, 2, 3, 4], &[2, 4, 1], &[1, 2, 3, 1]),
+    ];
+    for (sa, sb, want) in cases {
+        let (va, vb) = (random(sa.iter().product()), random(sb.iter().product()));
+        let (a, b) = (
+            tensor::<f64>(&va, sa, Device::Cpu),
+            tensor::<f64>(&vb, sb, Device::Cpu),
+        );
+        let out = matmul(&a, &b).unwrap();
+        assert_eq!(out.shape(), want, "{sa:?} x {sb:?}");
+        // The reference: each operand as a (batch of) matrices, batch indices broadcast.
+        let matrix = |shape: &[usize], left: bool| -> (Vec<usize>, usize, usize) {
+            match (shape.len(), left) {
+                (1, true) => (vec![], 1, shape[0]),
+                (1, false) => (vec![], shape[0], 1),
+                (r, _) => (shape[..r - 2].to_vec(), shape[r - 2], shape[r - 1]),
+            }
+        };
+        let ((ba, m, k), (bb, _, n)) = (matrix(sa, true), matrix(sb, false));
+        let rank = ba.len().max(bb.len());
+        let dim = |b: &[usize], i: usize| (i + b.len()).checked_sub(rank).map_or(1, |at| b[at]);
+        let batch: Vec<usize> = (0..rank).map(|i| dim(&ba, i).max(dim(&bb, i))).collect();
+        let count: usize = batch.iter().product();
+        let index = |b: &[usize], mut flat: usize| -> usize {
+            // The flat batch index of `b` (broadcast dimensions read index 0).
+            let mut at = 0;
+            let mut scale = 1;
+            for i in (0..rank).rev() {
+                let here = flat % batch[i];
+                flat /= batch[i];
+                let size = dim(b, i);
+                at += if size == 1 { 0 } else { here * scale };
+                scale *= size;
+            }
+            at
+        };
+        let mut expected = Vec::new();
+        for e in 0..count {
+            let (ia, ib) = (index(&ba, e), index(&bb, e));
+            expected.extend(reference(
+                &va[ia * m * k..(ia + 1) * m * k],
+                &vb[ib * k * n..(ib + 1) * k * n],
+                m,
+                n,
+                k,
+            ));
+        }
+        let err = rel_err(&out.to_f64().unwrap(), &expected);
+        assert!(err < 1e-12, "{sa:?} x {sb:?}: {err}");
+    }
+    let err = matmul(
+        &Tensor::full(1f32, &[2, 1, 3, 4], Device::Cpu).unwrap(),
+        &Tensor::full(1f32, &[3, 3, 4, 2], Device::Cpu).unwrap(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("do not broadcast"), "{err}");
 }

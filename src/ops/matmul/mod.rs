@@ -1,4 +1,5 @@
-//! `matmul`: 2-D and batched 3-D matrix products on the CPU, on wgpu and on CUDA, honouring
+//! `matmul` (with `torch.matmul`'s semantics: vectors, broadcast batch dimensions) and
+//! `linear`: matrix products on the CPU, on wgpu and on CUDA, honouring
 //! the precision flags of [`crate::core::precision::matmul`].
 //!
 //! On CUDA the flags pick the generated kernel (FFMA, TF32 / bf16 / fp16 tensor cores, fp16
@@ -78,7 +79,7 @@ fn problem(a: &Tensor, b: &Tensor) -> Result<Problem> {
         return Err(Error::ShapeMismatch {
             op: "matmul",
             detail: format!(
-                "takes 2-D or 3-D operands, got {:?} and {:?}",
+                "the batched kernels take 2-D or 3-D operands, got {:?} and {:?}",
                 a.shape(),
                 b.shape()
             ),
@@ -175,12 +176,84 @@ fn half_note(dtype: DType) -> String {
     note
 }
 
-/// The matrix product of `a` and `b`: `[M, K] x [K, N] -> [M, N]`, or batched
-/// `[B, M, K] x [B, K, N] -> [B, M, N]` (a batch of 1, or a 2-D operand, broadcasts).
-/// Operands may be strided views (e.g. [`Tensor::t`]). Zero-sized dimensions give an empty
-/// or zero result, as in PyTorch.
+/// The matrix product of `a` and `b` with `torch.matmul`'s semantics: `[M, K] x [K, N] ->
+/// [M, N]`; a 1-D operand is a row (left) or a column (right) vector whose dimension the
+/// result drops (two 1-D operands give their dot product, a 0-D tensor); beyond two
+/// dimensions the leading (batch) dimensions broadcast as PyTorch broadcasts them
+/// (`[2, 1, M, K] x [3, K, N] -> [2, 3, M, N]`; an operand broadcast over a batch it lacks is
+/// read in place up to three dimensions, and beyond them expanded into one copy, as
+/// PyTorch's own matmul does). Operands may be strided views. Zero-sized dimensions give an
+/// empty or zero result, as in PyTorch.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    product(a, b, None)
+    let (ra, rb) = (a.shape().len(), b.shape().len());
+    if ra == 0 || rb == 0 {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            detail: format!(
+                "both operands need at least one dimension; got {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            ),
+        });
+    }
+    // A vector is a one-row (left) or one-column (right) matrix, that dimension dropped after.
+    let a2 = if ra == 1 { a.unsqueeze(0)? } else { a.clone() };
+    let b2 = if rb == 1 { b.unsqueeze(1)? } else { b.clone() };
+    let out = if a2.shape().len() <= 3 && b2.shape().len() <= 3 {
+        product(&a2, &b2, None)?
+    } else {
+        broadcast_product(&a2, &b2)?
+    };
+    let mut shape = out.shape().to_vec();
+    if rb == 1 {
+        shape.pop();
+    }
+    if ra == 1 {
+        shape.remove(shape.len() - if rb == 1 { 1 } else { 2 });
+    }
+    out.view(&shape)
+}
+
+/// `a x b` with more than three dimensions on either side: the batch dimensions broadcast,
+/// then one batched product over them flattened.
+fn broadcast_product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (sa, sb) = (a.shape(), b.shape());
+    let ((batch_a, [m, k]), (batch_b, [k2, n])) =
+        (sa.split_at(sa.len() - 2), sb.split_at(sb.len() - 2))
+    else {
+        unreachable!("both operands have two dimensions at least")
+    };
+    let (m, k, k2, n) = (*m, *k, *k2, *n);
+    if k != k2 {
+        return Err(Error::ShapeMismatch {
+            op: "matmul",
+            detail: format!("inner dimensions differ: {sa:?} x {sb:?} ({k} != {k2})"),
+        });
+    }
+    let rank = batch_a.len().max(batch_b.len());
+    let size =
+        |dims: &[usize], i: usize| (i + dims.len()).checked_sub(rank).map_or(1, |at| dims[at]);
+    let mut batch = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let (x, y) = (size(batch_a, i), size(batch_b, i));
+        if x != y && x != 1 && y != 1 {
+            return Err(Error::ShapeMismatch {
+                op: "matmul",
+                detail: format!(
+                    "batch dimensions of {sa:?} and {sb:?} do not broadcast ({x} vs {y})"
+                ),
+            });
+        }
+        batch.push(if x == 1 { y } else { x });
+    }
+    let count = crate::core::tensor::checked_numel("matmul", &batch, a.dtype())?;
+    let a3 = a
+        .expand(&[&batch[..], &[m, k]].concat())?
+        .reshape(&[count, m, k])?;
+    let b3 = b
+        .expand(&[&batch[..], &[k, n]].concat())?
+        .reshape(&[count, k, n])?;
+    product(&a3, &b3, None)?.view(&[&batch[..], &[m, n]].concat())
 }
 
 /// `torch.nn.functional.linear`: `input · weightᵀ + bias` for `input [*, in]`, `weight
