@@ -14,7 +14,7 @@
 //! - cuBLAS / cuBLASLt and cuFFT: deterministic on the one stream this library uses.
 //! - cuDNN attention: **not** deterministic (as PyTorch says). SDPA selection consults
 //!   [`deterministic_required`]: it refuses cuDNN attention with
-//!   [`crate::ops::sdpa::backend::Reason::Nondeterministic`], or under `warn_only` lets it run with a
+//!   [`crate::core::sdp::Reason::Nondeterministic`], or under `warn_only` lets it run with a
 //!   warning (`crate::ops::sdpa::backend::runtime_disabled`).
 //! - Dropout draws are a pure function of (seed, offset, element index) on every device.
 

@@ -13,6 +13,7 @@
 use std::arch::asm;
 use std::sync::{Barrier, OnceLock};
 
+use super::driver::SharedOut;
 use super::pack::{bf16_bits, pack_b};
 use super::{MatView, Rounding};
 use crate::DType;
@@ -71,11 +72,11 @@ pub(super) fn gemm<T: Element>(
     }
     copy_tiles(a, (m, k), kp, &mut rows, threads);
     let (c_ptr, ldc) = if padded {
-        (SharedPtr(padded_c.as_mut_ptr()), np)
+        (SharedOut(padded_c.as_mut_ptr()), np)
     } else {
-        (SharedPtr(c.as_mut_ptr()), n)
+        (SharedOut(c.as_mut_ptr()), n)
     };
-    let packed_ptr = SharedPtr(packed.as_mut_ptr());
+    let packed_ptr = SharedOut(packed.as_mut_ptr());
     let threads = threads.clamp(
         1,
         m.saturating_mul(n)
@@ -299,18 +300,3 @@ unsafe fn block(
         )
     };
 }
-
-/// A pointer shared by threads that touch disjoint parts of its buffer.
-#[derive(Clone, Copy)]
-struct SharedPtr<P>(*mut P);
-
-impl<P> SharedPtr<P> {
-    /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut P {
-        self.0
-    }
-}
-// SAFETY: the threads write disjoint parts of the buffer behind the pointer (see `gemm`).
-unsafe impl<P> Send for SharedPtr<P> {}
-// SAFETY: as above.
-unsafe impl<P> Sync for SharedPtr<P> {}

@@ -180,17 +180,19 @@ thread_local! {
     static A_BLOCK: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// The output pointer, shared by threads that write disjoint tiles.
+/// A pointer into a buffer that threads share, each writing its own disjoint part (tiles of
+/// the output, panels of a packed operand).
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
+pub(super) struct SharedOut(pub(super) *mut f32);
 
 impl SharedOut {
     /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }
-// SAFETY: threads write disjoint tiles of the buffer behind the pointer (see `gemm`).
+// SAFETY: threads write disjoint parts of the buffer behind the pointer (see `gemm_with` and
+// the AMX driver).
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}

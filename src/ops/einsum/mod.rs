@@ -229,7 +229,7 @@ impl Equation {
 }
 
 /// The contraction path `einsum` would take for `equation` on operands of `shapes`, with
-/// the current [`opt_einsum`] settings, and its cost.
+/// the current [`crate::opt_einsum`] settings, and its cost.
 pub fn einsum_path(equation: &str, shapes: &[&[usize]]) -> Result<ContractionPath> {
     let eq = parse(equation, shapes)?;
     let sets: Vec<Indices> = eq.inputs.iter().map(|l| set_of(l)).collect();

@@ -89,7 +89,7 @@ pub fn set_sdp_priority_order(first: &[SdpBackend]) {
 }
 
 /// The old form of [`crate::ops::sdpa::backend::sdpa_kernel`]: sets each switch until the guard drops.
-#[deprecated(note = "use backends::attention::sdpa_kernel(&[backends], set_priority)")]
+#[deprecated(note = "use `backends::attention::sdpa_kernel(&[backend, ...], set_priority)`")]
 pub fn sdp_kernel(
     enable_flash: bool,
     enable_math: bool,

@@ -1,5 +1,5 @@
 //! `scaled_dot_product_attention`: PyTorch's semantics, the backend chosen by
-//! [`crate::ops::sdpa::backend::selected_backend`], and the kernels behind it.
+//! [`crate::ops::sdpa::select::selected_backend`], and the kernels behind it.
 //!
 //! - CPU: the math reference (any mask, dropout, GQA; fp32 compute, or f64 for f64
 //!   inputs) and the fused path (tiled online softmax, never materialising the Lq x Lk

@@ -1,5 +1,5 @@
 //! What `#[sdpa_kernel(...)]` sets for a function body: the backend list (as the
-//! [`super::sdpa_kernel_scoped`] guard), the default of `is_causal`, and, when the attribute
+//! [`super::backend::sdpa_kernel_scoped`] guard), the default of `is_causal`, and, when the attribute
 //! names a single variant, that variant pinned so that calls matching it skip the
 //! selection walk. The settings are thread-scoped (an `async fn`'s follow its future from
 //! poll to poll), never process-wide.

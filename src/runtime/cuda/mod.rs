@@ -1,5 +1,5 @@
 //! CUDA through cudarc's dynamically loaded driver API: the devices the driver reports
-//! (`driver.rs`), one [`device::CudaDevice`] per device that owns its context, stream,
+//! (`driver.rs`), one `CudaDevice` per device that owns its context, stream,
 //! loaded modules and per-device library state (`device.rs`), the choice of module image
 //! (`loader.rs`), memory (`memory.rs`) and kernel launches (`launch.rs`). Nothing links
 //! against CUDA: without a driver the queries answer 0 / `None`.
