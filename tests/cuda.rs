@@ -312,6 +312,42 @@ fn memory_efficient_attention_matches_the_reference() {
     }
 }
 
+/// `contiguous()` of views on CUDA (2-, 4- and 8-byte elements) runs the strided-copy
+/// kernel and gives the CPU's copy of the same view.
+#[test]
+fn views_are_made_contiguous_on_the_device() {
+    let Some(d) = gpu() else { return };
+    for dtype in [DType::F16, DType::Bf16, DType::F32, DType::F64] {
+        let values = random(2 * 3 * 5 * 7);
+        let host = Tensor::from_f64(&values, &[2, 3, 5, 7], dtype, Device::Cpu).unwrap();
+        let device = host.to_device(Device::Cuda(d)).unwrap();
+        let view = |t: &Tensor| {
+            t.permute(&[3, 1, 0, 2])
+                .unwrap()
+                .narrow(0, 2, 4)
+                .unwrap()
+                .select(2, 1)
+                .unwrap()
+        };
+        let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let capture = backends::TraceCapture::start();
+        let copy = view(&device).contiguous().unwrap();
+        let lines = capture.take();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("strided_copy") && l.contains("on the device")),
+            "{dtype}: {lines:?}"
+        );
+        assert!(copy.is_contiguous() && copy.offset() == 0);
+        assert_eq!(
+            copy.to_f64().unwrap(),
+            view(&host).to_f64().unwrap(),
+            "{dtype}"
+        );
+    }
+}
+
 #[test]
 fn math_runs_on_the_device_with_the_hosts_dropout() {
     let Some(d) = gpu() else { return };

@@ -203,6 +203,8 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         .concat(),
         // x; n; factor.
         Family::Scale => vec![B64, B64, F64],
+        // src, dst; n, offset; 8 sizes; 8 strides.
+        Family::StridedCopy => [n(B64, 2), n(B64, 18)].concat(),
         // s, mask, p; H, Lq, Lk; scale; causal; 4 mask strides; dropout_p, seed.
         Family::MaskedSoftmax => [
             n(B64, 3),

@@ -153,7 +153,16 @@ fn views_and_copies_of_device_tensors() {
     let view = t.permute(&[1, 2, 0]).unwrap().narrow(0, 1, 2).unwrap();
     let host_view = host.permute(&[1, 2, 0]).unwrap().narrow(0, 1, 2).unwrap();
     assert_eq!(view.to_f64().unwrap(), host_view.to_f64().unwrap());
+    let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
     let copy = view.contiguous().unwrap();
+    let lines = capture.take();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("strided_copy") && l.contains("on the device")),
+        "{lines:?}"
+    );
     assert_eq!(copy.device(), device);
     assert!(copy.is_contiguous());
     assert_eq!(copy.to_f64().unwrap(), host_view.to_f64().unwrap());

@@ -152,6 +152,14 @@ pub struct MaskedSoftmaxKey {
     pub mask: MaskKind,
 }
 
+/// The copy of a strided view into a contiguous buffer (elements moved as words of the
+/// element's size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StridedCopyKey {
+    /// An element type of the size copied.
+    pub elem: Elem,
+}
+
 /// A kernel family: one template per target, one CUDA module per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -167,17 +175,20 @@ pub enum Family {
     Scale,
     /// Math attention's softmax step.
     MaskedSoftmax,
+    /// Strided views made contiguous.
+    StridedCopy,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
         Family::MemEffFwd,
         Family::Scale,
         Family::MaskedSoftmax,
+        Family::StridedCopy,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -189,6 +200,7 @@ impl Family {
             Family::MemEffFwd => "mem_eff_fwd",
             Family::Scale => "scale",
             Family::MaskedSoftmax => "masked_softmax",
+            Family::StridedCopy => "strided_copy",
         }
     }
 
@@ -199,6 +211,7 @@ impl Family {
             Family::SplitKReduce | Family::Scale => None,
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
             Family::MaskedSoftmax => Some("masked_softmax"),
+            Family::StridedCopy => Some("strided_copy"),
         }
     }
 }
@@ -224,6 +237,8 @@ pub enum KernelKey {
     Scale(ScaleKey),
     /// Math attention's softmax step.
     MaskedSoftmax(MaskedSoftmaxKey),
+    /// A strided view made contiguous.
+    StridedCopy(StridedCopyKey),
 }
 
 impl KernelKey {
@@ -236,6 +251,7 @@ impl KernelKey {
             KernelKey::MemEffFwd(_) => Family::MemEffFwd,
             KernelKey::Scale(_) => Family::Scale,
             KernelKey::MaskedSoftmax(_) => Family::MaskedSoftmax,
+            KernelKey::StridedCopy(_) => Family::StridedCopy,
         }
     }
 
@@ -264,6 +280,10 @@ impl KernelKey {
                 elem(k.elem),
                 k.head_dim,
                 k.causal
+            ),
+            KernelKey::StridedCopy(k) => format!(
+                "KernelKey::StridedCopy(StridedCopyKey {{ elem: {} }})",
+                elem(k.elem)
             ),
             KernelKey::MaskedSoftmax(k) => format!(
                 "KernelKey::MaskedSoftmax(MaskedSoftmaxKey {{ elem: {}, mask: {} }})",

@@ -242,6 +242,34 @@ fn masked_softmax(elem: Elem, mask: MaskKind) -> Variant {
     }
 }
 
+fn strided_copy(elem: Elem) -> Variant {
+    let word = match elem {
+        Elem::F16 | Elem::Bf16 => "unsigned short",
+        Elem::F32 => "unsigned int",
+        Elem::F64 => "unsigned long long",
+    };
+    let launch = Launch {
+        threads: [256, 1, 1],
+        tile: [256, 1],
+        shared_bytes: 0,
+    };
+    Variant {
+        key: KernelKey::StridedCopy(StridedCopyKey { elem }),
+        name: format!("strided_copy_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![("T", word.to_string())],
+            launch,
+            min_sm: 70,
+        }),
+        // WGSL moves 32-bit words only.
+        wgsl: (elem == Elem::F32).then(|| WgslSpec {
+            decls: vec![WgslDecl::Alias("T", "u32")],
+            launch,
+            needs_f16: false,
+        }),
+    }
+}
+
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -382,6 +410,10 @@ pub fn all() -> Vec<Variant> {
     }
     for elem in [F32, F64] {
         v.push(scale(elem));
+    }
+    // One copy per element size: 2 (f16 and bf16), 4 and 8 bytes.
+    for elem in [F16, F32, F64] {
+        v.push(strided_copy(elem));
     }
     // Math attention on a device computes in f32 (its half-type inputs run on the host).
     for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {

@@ -6,7 +6,6 @@ use half::{bf16, f16};
 use crate::core::tensor::{
     CpuData, DeviceMemory, Element, Storage, checked_numel, host_filled, host_zeros,
 };
-use crate::core::view::view_strides;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// Device memory holding `bytes` of `dtype` for `device`, or host memory for the CPU
@@ -114,36 +113,6 @@ impl Tensor {
             DType::F16 => copy!(f16),
             DType::Bf16 => copy!(bf16),
             DType::Bool => Tensor::from_bools(&self.to_bools()?, self.shape(), device),
-        }
-    }
-
-    /// The same elements laid out row-major: this view where it already is, else one copy
-    /// on the tensor's device (on wgpu and CUDA that copy passes through the host, in the
-    /// tensor's dtype).
-    pub fn contiguous(&self) -> Result<Tensor> {
-        if self.is_contiguous() {
-            return Ok(self.clone());
-        }
-        self.to_device(self.device())
-    }
-
-    /// The same elements as `shape` (same element count), as PyTorch's `reshape`: a view
-    /// where the strides allow one ([`Tensor::view`]), else a view of a contiguous copy.
-    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
-        let count = checked_numel("reshape", shape, self.dtype())?;
-        if count != self.numel() {
-            return Err(Error::ShapeMismatch {
-                op: "reshape",
-                detail: format!(
-                    "shape {shape:?} has {count} elements; the tensor {:?} has {}",
-                    self.shape(),
-                    self.numel()
-                ),
-            });
-        }
-        match view_strides(self.shape(), self.strides(), shape) {
-            Some(_) => self.view(shape),
-            None => self.contiguous()?.view(shape),
         }
     }
 
