@@ -50,6 +50,11 @@ pub fn render_wgsl(variant: &Variant, kernels_dir: &Path) -> Result<String, Stri
             WgslDecl::Const(name, value) => writeln!(out, "const {name}: u32 = {value}u;").unwrap(),
         }
     }
+    for prelude in variant.family().wgsl_preludes() {
+        out.push_str(&read(
+            &kernels_dir.join("wgsl").join(format!("{prelude}.wgsl")),
+        )?);
+    }
     out.push_str(&body);
     Ok(out)
 }

@@ -7,6 +7,7 @@
 //   alias T          storage type of q, k, v, o (f32, or f16 with shader-f16)
 //   alias MASK_T     mask word: u32 (boolean masks, one byte per element, packed) or T (additive)
 //   const MASK_KIND  0 none, 1 boolean (false hides a key), 2 additive
+// The mask readers (mask_hides, mask_bias) come from mask.wgsl, prepended by the generator.
 //   const CAUSAL     0 off, 1 on, 2 read from the parameters (top-left aligned: key j is hidden
 //                    from query i when j > i)
 //   const D_MAX      largest head dim served (the flash family uses the exact head dim)
@@ -42,16 +43,6 @@ var<workgroup> Ps: array<f32, BLOCK_M * BLOCK_N>;
 fn neg_inf() -> f32 {
     var bits = 0xff800000u;  // a run-time value: a constant infinity is a shader error
     return bitcast<f32>(bits);
-}
-
-fn mask_hides(index: u32) -> bool {
-    if (MASK_KIND == 1u) { return ((u32(mask[index / 4u]) >> (8u * (index % 4u))) & 0xffu) == 0u; }
-    return false;
-}
-
-fn mask_bias(index: u32) -> f32 {
-    if (MASK_KIND == 2u) { return f32(mask[index]); }
-    return 0.0;
 }
 
 @compute @workgroup_size(64, 1, 1)

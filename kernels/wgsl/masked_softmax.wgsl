@@ -9,6 +9,7 @@
 //   alias T          element type of S and P (f32)
 //   alias MASK_T     mask word: u32 (boolean masks, one byte per element, packed) or T (additive)
 //   const MASK_KIND  0 none, 1 boolean (false hides a key), 2 additive
+// The mask readers (mask_hides, mask_bias) come from mask.wgsl, prepended by the generator.
 // Dispatch: (groups_x, ceil(rows / groups_x), 1), one workgroup of 256 per row, rows in
 // (b, h, i) order; S and P are contiguous [rows, Lk].
 
@@ -37,16 +38,6 @@ fn is_nan(x: f32) -> bool {
 fn nan() -> f32 {
     var bits = 0x7fc00000u;  // a run-time value, as a constant NaN is a shader error
     return bitcast<f32>(bits);
-}
-
-fn mask_hides(index: u32) -> bool {
-    if (MASK_KIND == 1u) { return ((u32(mask[index / 4u]) >> (8u * (index % 4u))) & 0xffu) == 0u; }
-    return false;
-}
-
-fn mask_bias(index: u32) -> f32 {
-    if (MASK_KIND == 2u) { return f32(mask[index]); }
-    return 0.0;
 }
 
 // The masked, scaled score of key j of query i in row `base` of S (mask row at `m_base`).

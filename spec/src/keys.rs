@@ -216,6 +216,17 @@ impl Family {
     }
 }
 
+impl Family {
+    /// The shared WGSL files (stems under `kernels/wgsl/`) the generator prepends to this
+    /// family's template: the mask readers for the families that take a mask.
+    pub fn wgsl_preludes(self) -> &'static [&'static str] {
+        match self {
+            Family::FlashFwd | Family::MemEffFwd | Family::MaskedSoftmax => &["mask"],
+            _ => &[],
+        }
+    }
+}
+
 impl fmt::Display for Family {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
