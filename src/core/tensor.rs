@@ -404,6 +404,32 @@ impl Tensor {
         }
     }
 
+    /// Checks that every tensor of `others` has this tensor's dtype and device (each
+    /// tensor's dtype first): the typed error of `op` names the first that does not.
+    pub(crate) fn check_same_kind<'t>(
+        &self,
+        op: &'static str,
+        others: impl IntoIterator<Item = &'t Tensor>,
+    ) -> Result<()> {
+        for t in others {
+            if t.dtype != self.dtype {
+                return Err(Error::DTypeMismatch {
+                    op,
+                    expected: self.dtype,
+                    got: t.dtype,
+                });
+            }
+            if t.device != self.device {
+                return Err(Error::DeviceMismatch {
+                    op,
+                    a: self.device,
+                    b: t.device,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `other` is the same view of the same storage (as PyTorch's `q is k`).
     pub fn is_same(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)

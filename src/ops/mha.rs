@@ -173,26 +173,14 @@ fn dims(
     if let Some(b) = w.out_proj_bias {
         expect(b, &[e], "out_proj_bias")?;
     }
-    for t in [key, value, w.in_proj_weight, w.out_proj_weight]
-        .into_iter()
-        .chain(w.in_proj_bias)
-        .chain(w.out_proj_bias)
-    {
-        if t.dtype() != query.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: OP,
-                expected: query.dtype(),
-                got: t.dtype(),
-            });
-        }
-        if t.device() != query.device() {
-            return Err(Error::DeviceMismatch {
-                op: OP,
-                a: query.device(),
-                b: t.device(),
-            });
-        }
-    }
+    let parameters = [key, value, w.in_proj_weight, w.out_proj_weight];
+    query.check_same_kind(
+        OP,
+        parameters
+            .into_iter()
+            .chain(w.in_proj_bias)
+            .chain(w.out_proj_bias),
+    )?;
     Ok(Dims {
         n,
         l,

@@ -429,23 +429,8 @@ pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {
     let Some(first) = operands.first() else {
         return Err(malformed(equation, "einsum needs at least one operand"));
     };
-    let (dtype, device) = (first.dtype(), first.device());
-    for t in operands {
-        if t.dtype() != dtype {
-            return Err(Error::DTypeMismatch {
-                op: "einsum",
-                expected: dtype,
-                got: t.dtype(),
-            });
-        }
-        if t.device() != device {
-            return Err(Error::DeviceMismatch {
-                op: "einsum",
-                a: device,
-                b: t.device(),
-            });
-        }
-    }
+    first.check_same_kind("einsum", operands.iter().copied())?;
+    let dtype = first.dtype();
     if !dtype.is_float() {
         return Err(Error::DTypeMismatch {
             op: "einsum",

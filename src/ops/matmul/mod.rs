@@ -292,20 +292,7 @@ pub fn linear(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<
                 detail: format!("the bias must be [{out}]; got {:?}", bias.shape()),
             });
         }
-        if bias.dtype() != input.dtype() {
-            return Err(Error::DTypeMismatch {
-                op: "linear",
-                expected: input.dtype(),
-                got: bias.dtype(),
-            });
-        }
-        if bias.device() != input.device() {
-            return Err(Error::DeviceMismatch {
-                op: "linear",
-                a: input.device(),
-                b: bias.device(),
-            });
-        }
+        input.check_same_kind("linear", [bias])?;
     }
     let rows = outer.iter().product();
     let y = product(&input.reshape(&[rows, width])?, &weight.t()?, bias)?;
