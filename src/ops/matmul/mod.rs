@@ -30,6 +30,7 @@ use crate::core::trace::{self, Call};
 use crate::kernels::convert::narrow;
 use crate::kernels::gemm::{self, MatView, Rounding};
 use crate::kernels::{Elem, GemmKey, GemmMath, KernelKey};
+use crate::runtime::wgpu::u32_arg;
 use crate::{DType, Device, Error, Fp32Precision, Result};
 
 /// Opt-in: on devices without TF32 (or bf16) hardware, emulate the reduced-precision
@@ -575,12 +576,7 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         crate::runtime::wgpu::WgpuBuffer::output(gpu, out_bytes)?
     };
     if p.outputs() > 0 && p.k > 0 {
-        let fits = |v: usize| {
-            u32::try_from(v).map_err(|_| Error::ShapeMismatch {
-                op: "matmul on wgpu",
-                detail: format!("index {v} exceeds 32 bits; split the problem"),
-            })
-        };
+        let fits = |v: usize| u32_arg("matmul on wgpu", v);
         let mut params = Vec::new();
         for v in [p.m, p.n, p.k, p.batch]
             .into_iter()

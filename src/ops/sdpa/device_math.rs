@@ -15,8 +15,8 @@ use crate::ops::matmul::matmul;
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
 use crate::runtime::cuda::{grid_dim, int_arg, long_arg};
-use crate::runtime::wgpu::WgpuBuffer;
-use crate::{DType, Device, Error, Result};
+use crate::runtime::wgpu::{WgpuBuffer, u32_arg};
+use crate::{DType, Device, Result};
 
 const OP: &str = "math attention on the device";
 
@@ -92,12 +92,7 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
     let rows = s.b * s.h * s.lq;
     let out = WgpuBuffer::output(gpu, rows * s.lk * 4)?;
     if rows > 0 && s.lk > 0 {
-        let word = |x: usize| {
-            u32::try_from(x).map_err(|_| Error::ShapeMismatch {
-                op: OP,
-                detail: format!("index {x} exceeds 32 bits; split the call"),
-            })
-        };
+        let word = |x: usize| u32_arg(OP, x);
         let groups_x = rows.min(65_535);
         let mut words = [rows, s.h, s.lq, s.lk]
             .map(word)

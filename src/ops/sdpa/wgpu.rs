@@ -4,6 +4,7 @@ use super::{Job, SdpaOutput, broadcast_strides};
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
+use crate::runtime::wgpu::u32_arg;
 use crate::{DType, Device, Error, Result};
 
 /// Whether the WGSL kernels read `t` as it is: no offset into its buffer, the last
@@ -87,12 +88,7 @@ pub(super) fn wgpu_fused(
         .wgsl
         .as_ref()
         .expect("wgpu attention variants have WGSL");
-    let u32_of = |x: usize| {
-        u32::try_from(x).map_err(|_| Error::ShapeMismatch {
-            op: "scaled_dot_product_attention on wgpu",
-            detail: format!("{x} exceeds 32 bits; split the call"),
-        })
-    };
+    let u32_of = |x: usize| u32_arg("scaled_dot_product_attention on wgpu", x);
     let strides = |t: &Tensor| -> [usize; 3] {
         let st = t.strides();
         let r = st.len();

@@ -8,3 +8,12 @@ mod device;
 
 pub(crate) use buffer::WgpuBuffer;
 pub(crate) use device::gpu;
+
+/// A 32-bit kernel parameter or workgroup count (WGSL indexes in u32), or a typed error
+/// naming `op` where the value does not fit.
+pub(crate) fn u32_arg(op: &'static str, value: usize) -> crate::Result<u32> {
+    u32::try_from(value).map_err(|_| crate::Error::ShapeMismatch {
+        op,
+        detail: format!("{value} exceeds a 32-bit kernel argument; split the call"),
+    })
+}
