@@ -282,7 +282,12 @@ fn parse_ptxas(log: &str, arch: u32) -> Vec<Resources> {
 )]
 #[test]
 fn ptxas_accepts_every_kernel_and_the_hot_ones_do_not_spill() {
-    let ptxas = env!("BACKENDS_PTXAS_PATH");
+    // Read at compile time only where the build found ptxas, so that the suite compiles
+    // without it (the test is then ignored, and says why if run anyway).
+    let Some(ptxas) = option_env!("BACKENDS_PTXAS_PATH") else {
+        eprintln!("skipped: the build found no ptxas (scripts/setup.sh installs it)");
+        return;
+    };
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
     let mut report = Vec::new();
     let mut expected = 0;
