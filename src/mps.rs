@@ -1,15 +1,18 @@
 //! `torch.backends.mps`: Apple GPUs, reached here through wgpu's Metal backend.
 
-/// Whether this binary carries the Metal backend (macOS and iOS builds).
+/// Whether this binary carries the Metal backend (macOS and iOS builds with `wgpu`).
 pub fn is_built() -> bool {
-    cfg!(any(target_os = "macos", target_os = "ios"))
+    cfg!(all(
+        feature = "wgpu",
+        any(target_os = "macos", target_os = "ios")
+    ))
 }
 
 /// Whether a Metal adapter is present.
 pub fn is_available() -> bool {
     crate::runtime::wgpu::adapters::list()
         .iter()
-        .any(|a| a.backend == wgpu::Backend::Metal)
+        .any(|a| a.api == crate::adapters::Api::Metal)
 }
 
 pub(crate) fn report() -> serde_json::Value {

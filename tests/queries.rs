@@ -48,6 +48,34 @@ fn without_a_driver_everything_is_false_or_none() {
 }
 
 #[test]
+fn a_build_without_a_device_feature_says_which_to_enable() {
+    use backends::{Device, Tensor};
+    let mut ran = false;
+    if !cfg!(feature = "wgpu") {
+        ran = true;
+        assert!(backends::adapters::list().is_empty());
+        let report = backends::info::report();
+        let why = report["wgpu"]["why"].as_str().expect("the report says why");
+        assert!(why.contains("`wgpu` feature"), "{why}");
+        let err = Tensor::from_vec(vec![1f32], &[1], Device::Wgpu(0)).unwrap_err();
+        assert!(matches!(err, backends::Error::Unavailable { .. }), "{err}");
+        assert!(err.to_string().contains("wgpu:0"), "{err}");
+        assert!(err.to_string().contains("`wgpu` feature"), "{err}");
+        assert!(!matches!(Device::best(), Device::Wgpu(_)));
+    }
+    if !cfg!(feature = "cuda") {
+        ran = true;
+        assert!(!cuda::is_built() && !cuda::is_available());
+        let err = Tensor::from_vec(vec![1f32], &[1], Device::Cuda(1)).unwrap_err();
+        assert!(err.to_string().contains("cuda:1"), "{err}");
+        assert!(err.to_string().contains("`cuda` feature"), "{err}");
+    }
+    if !ran {
+        eprintln!("skipped: this build has the cuda and wgpu features (CI also tests without)");
+    }
+}
+
+#[test]
 fn vendor_library_queries_do_not_panic() {
     // Each answer is whatever this machine has; the calls must return and agree.
     assert_eq!(

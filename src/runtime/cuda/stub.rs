@@ -9,10 +9,11 @@ use crate::Error;
 /// Why nothing CUDA runs in this build.
 const WHY: &str = "this build has no CUDA support: build with the `cuda` feature";
 
-fn unbuilt() -> Error {
+/// Why `cuda:{ordinal}` cannot be used.
+fn unbuilt(ordinal: usize) -> Error {
     Error::Unavailable {
         what: "CUDA",
-        why: WHY.into(),
+        why: format!("cuda:{ordinal} is out of reach: {WHY}"),
     }
 }
 
@@ -38,8 +39,8 @@ pub(crate) mod device {
 
     impl CudaDevice {
         /// Fails: this build has no CUDA.
-        pub(crate) fn get(_ordinal: usize) -> Result<&'static CudaDevice> {
-            Err(super::unbuilt())
+        pub(crate) fn get(ordinal: usize) -> Result<&'static CudaDevice> {
+            Err(super::unbuilt(ordinal))
         }
 
         /// Never reached (no device exists).
@@ -74,13 +75,13 @@ pub(crate) mod memory {
 
     impl CudaBuffer {
         /// Fails: this build has no CUDA.
-        pub(crate) fn upload(_ordinal: usize, _bytes: &[u8]) -> Result<CudaBuffer> {
-            Err(super::unbuilt())
+        pub(crate) fn upload(ordinal: usize, _bytes: &[u8]) -> Result<CudaBuffer> {
+            Err(super::unbuilt(ordinal))
         }
 
         /// Fails: this build has no CUDA.
-        pub(crate) fn zeroed(_ordinal: usize, _len: usize) -> Result<CudaBuffer> {
-            Err(super::unbuilt())
+        pub(crate) fn zeroed(ordinal: usize, _len: usize) -> Result<CudaBuffer> {
+            Err(super::unbuilt(ordinal))
         }
 
         /// Never reached (no buffer exists).
@@ -127,8 +128,8 @@ pub(crate) mod launch {
 
     impl Kernel {
         /// Fails: this build has no CUDA.
-        pub(crate) fn get(_ordinal: usize, _key: &KernelKey) -> Result<Kernel> {
-            Err(super::unbuilt())
+        pub(crate) fn get(ordinal: usize, _key: &KernelKey) -> Result<Kernel> {
+            Err(super::unbuilt(ordinal))
         }
 
         /// Never reached (no kernel exists).
