@@ -49,9 +49,10 @@ struct CallArgs {
     /// Element type (`f32`, `f16`, `bf16`, `f64`).
     #[arg(long, default_value = "f32")]
     dtype: backends::DType,
-    /// Causal (top-left aligned) masking.
-    #[arg(long)]
-    causal: bool,
+    /// Causal masking: `upper-left` (bare `--causal`; PyTorch's `is_causal`) or
+    /// `lower-right` (the last query sees every key: decoding, chunked prefill).
+    #[arg(long, num_args = 0..=1, default_missing_value = "upper-left", value_name = "ALIGNMENT")]
+    causal: Option<CausalArg>,
     /// An attention mask of shape `[Lq, Lk]`: `bool` or `float` (additive).
     #[arg(long)]
     mask: Option<MaskKind>,
@@ -135,6 +136,27 @@ impl RunCpuArgs {
     }
 }
 
+/// The alignments `--causal` takes.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CausalArg {
+    UpperLeft,
+    LowerRight,
+}
+
+impl From<CausalArg> for backends::CausalVariant {
+    fn from(c: CausalArg) -> Self {
+        match c {
+            CausalArg::UpperLeft => backends::CausalVariant::UpperLeft,
+            CausalArg::LowerRight => backends::CausalVariant::LowerRight,
+        }
+    }
+}
+
+/// How a call's causal masking reads in the CLI's output.
+fn causal_text(causal: Option<backends::CausalVariant>) -> &'static str {
+    causal.map_or("not causal", backends::CausalVariant::as_str)
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum MaskKind {
     Bool,
@@ -165,7 +187,7 @@ fn parse_sm(text: &str) -> Result<(u32, u32), String> {
 struct Query {
     shape: [usize; 5],
     dtype: backends::DType,
-    causal: bool,
+    causal: Option<backends::CausalVariant>,
     mask: Option<MaskKind>,
     dropout: f64,
     device: backends::Device,
@@ -177,7 +199,7 @@ impl Query {
         Query {
             shape: c.shape,
             dtype: c.dtype,
-            causal: c.causal,
+            causal: c.causal.map(Into::into),
             mask: c.mask,
             dropout: c.dropout,
             device: c.device.unwrap_or_else(backends::Device::best),
@@ -258,7 +280,8 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
         let options = SdpaOptions {
             attn_mask: t.get(3),
             dropout_p: q.dropout,
-            is_causal: q.causal,
+            is_causal: q.causal.is_some(),
+            causal_variant: q.causal.unwrap_or_default(),
             generator: Some(&backends::Generator::new(7)),
             ..SdpaOptions::default()
         };
@@ -292,12 +315,12 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
         .map(|(a, r)| (a - r) * (a - r))
         .sum();
     let norm: f64 = reference.iter().map(|r| r * r).sum();
-    let flops = 4.0 * (b * h * lq * lk * d) as f64 / if q.causal { 2.0 } else { 1.0 };
+    let flops = 4.0 * (b * h * lq * lk * d) as f64 / if q.causal.is_some() { 2.0 } else { 1.0 };
     Ok(format!(
-        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {}, causal {}, on {}\n\
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {}, {}, on {}\n\
          backend: {}\nrelative error vs float64 math: {:.2e}\ntime: {:.3} ms ({:.3} TFLOP/s)\n",
         q.dtype,
-        q.causal,
+        causal_text(q.causal),
         q.device,
         out.backend,
         (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
@@ -336,11 +359,13 @@ fn explain(
             )
         }),
         dropout,
-        is_causal: causal,
+        is_causal: causal.is_some(),
+        causal_variant: causal.unwrap_or_default(),
         enable_gqa: false,
     };
     let mut text = format!(
-        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {dtype}, causal {causal}, on {device}\n"
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {dtype}, {}, on {device}\n",
+        causal_text(causal)
     );
     let mut caps = DeviceCaps::of(device);
     if let (Some(sm), backends::Device::Cuda(_)) = (sm, device) {

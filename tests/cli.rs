@@ -176,6 +176,8 @@ fn explain_rejects_a_bad_shape() {
 fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
     for (args, backend) in [
         (&["--causal"][..], "FLASH_ATTENTION"),
+        (&["--causal", "upper-left"][..], "FLASH_ATTENTION"),
+        (&["--causal", "lower-right"][..], "FLASH_ATTENTION"),
         (&["--mask", "bool"][..], "FLASH_ATTENTION"),
         (&["--dropout", "0.25"][..], "MATH"),
     ] {
@@ -183,6 +185,12 @@ fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
         all.extend_from_slice(args);
         let text = run(&all, &[]);
         assert!(text.contains(&format!("backend: {backend}")), "{text}");
+        let alignment = match args {
+            ["--causal", "lower-right"] => "causal_lower_right",
+            ["--causal", ..] => "causal_upper_left",
+            _ => "not causal",
+        };
+        assert!(text.contains(&format!(", {alignment}, on cpu")), "{text}");
         let err: f64 = text
             .lines()
             .find_map(|l| l.strip_prefix("relative error vs float64 math: "))

@@ -12,7 +12,7 @@ use backends::attention::SdpBackend;
 use backends::cuda::matmul as flags;
 use backends::cuda::{self, BlasBackend};
 use backends::kernels::ENTRIES;
-use backends::{DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
+use backends::{CausalVariant, DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
 use common::{attention_reference, random, reference, rel_err};
 
 /// Device 0, or `None` after printing why not.
@@ -231,7 +231,7 @@ fn attention_error(
     d: usize,
     dtype: DType,
     [b, h, hk, lq, lk, dim]: [usize; 6],
-    causal: bool,
+    causal: Option<CausalVariant>,
     mask: Option<DType>,
 ) -> (f64, SdpBackend) {
     let device = Device::Cuda(d);
@@ -247,12 +247,16 @@ fn attention_error(
     };
     let options = SdpaOptions {
         attn_mask: mask_tensor.as_ref(),
-        is_causal: causal,
+        is_causal: causal.is_some(),
+        causal_variant: causal.unwrap_or_default(),
         enable_gqa: h != hk,
         ..Default::default()
     };
     let out = sdpa(&q, &k, &v, &options).unwrap();
+    // The bottom-right mask, written out here: query i sees keys j <= i + lk - lq.
+    let lower_right = causal == Some(CausalVariant::LowerRight);
     let bias = |_: usize, _: usize, i: usize, j: usize| match mask {
+        _ if lower_right && j + lq > i + lk => f64::NEG_INFINITY,
         Some(DType::Bool) if !keep[i * lk + j] => f64::NEG_INFINITY,
         Some(DType::Bool) | None => 0.0,
         Some(_) => additive_held[i * lk + j],
@@ -263,9 +267,14 @@ fn attention_error(
         &vh,
         [b, h, hk, lq, lk, dim, dim],
         1.0 / (dim as f64).sqrt(),
-        causal,
+        causal == Some(CausalVariant::UpperLeft),
         &bias,
     );
+    // Rows that see no key: 0, as in PyTorch 2.15.
+    let want: Vec<f64> = want
+        .into_iter()
+        .map(|x| if x.is_nan() { 0.0 } else { x })
+        .collect();
     let got = out.output.to_f64().unwrap();
     assert!(got.iter().all(|x| x.is_finite()), "unwritten outputs");
     (rel_err(&got, &want), out.backend)
@@ -283,11 +292,18 @@ fn flash_attention_matches_the_reference() {
             [1, 2, 2, 33, 33, 96],
             [1, 1, 1, 33, 33, 256],
         ] {
-            for causal in [false, true] {
+            for causal in [None, Some(CausalVariant::UpperLeft)] {
                 let (err, backend) = attention_error(d, dtype, dims, causal, None);
                 assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
-                assert!(err < 1e-2, "{dtype} {dims:?} causal={causal}: {err}");
+                assert!(err < 1e-2, "{dtype} {dims:?} causal={causal:?}: {err}");
             }
+        }
+        // Bottom-right causal masks with Lq != Lk (flash refuses top-left ones, as PyTorch).
+        for dims in [[1, 2, 2, 17, 90, 64], [1, 4, 2, 90, 17, 64]] {
+            let causal = Some(CausalVariant::LowerRight);
+            let (err, backend) = attention_error(d, dtype, dims, causal, None);
+            assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
+            assert!(err < 1e-2, "{dtype} {dims:?} lower-right: {err}");
         }
     }
 }
@@ -297,13 +313,19 @@ fn memory_efficient_attention_matches_the_reference() {
     let Some(d) = gpu() else { return };
     let _f = cuda::sdp::FLASH_SDP.guard_scoped(false);
     for (dtype, bound) in [(DType::F32, 2e-5), (DType::F16, 2e-3), (DType::Bf16, 1e-2)] {
+        let (upper, lower) = (
+            Some(CausalVariant::UpperLeft),
+            Some(CausalVariant::LowerRight),
+        );
         for (dims, causal, mask) in [
-            ([2, 3, 3, 17, 17, 64], false, None),
-            ([1, 2, 2, 33, 90, 128], false, Some(DType::Bool)),
-            ([1, 2, 2, 40, 40, 64], false, Some(dtype)),
-            ([1, 2, 2, 20, 50, 64], true, None),
+            ([2, 3, 3, 17, 17, 64], None, None),
+            ([1, 2, 2, 33, 90, 128], None, Some(DType::Bool)),
+            ([1, 2, 2, 40, 40, 64], None, Some(dtype)),
+            ([1, 2, 2, 20, 50, 64], upper, None),
+            ([1, 2, 2, 20, 50, 64], lower, None),
+            ([1, 2, 2, 50, 20, 64], lower, None),
             // The widest variant (head dims up to 256).
-            ([1, 1, 1, 17, 23, 200], false, Some(DType::Bool)),
+            ([1, 1, 1, 17, 23, 200], None, Some(DType::Bool)),
         ] {
             let (err, backend) = attention_error(d, dtype, dims, causal, mask);
             assert_eq!(backend, SdpBackend::MemEfficient, "{dims:?}");
@@ -476,9 +498,10 @@ fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
             ([1, 2, 2, 20, 50, 64], true),
             ([1, 2, 2, 50, 20, 128], false),
         ] {
+            let causal = causal.then_some(CausalVariant::UpperLeft);
             let (err, backend) = attention_error(d, dtype, dims, causal, None);
             assert_eq!(backend, SdpBackend::Cudnn, "{dims:?}");
-            assert!(err < 1e-2, "{dtype} {dims:?} causal={causal}: {err}");
+            assert!(err < 1e-2, "{dtype} {dims:?} causal={causal:?}: {err}");
         }
         // With cudnn::benchmark, a new shape's plan is the fastest of every candidate.
         {
@@ -487,7 +510,8 @@ fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
                 benchmark_limit: Some(0),
                 ..Default::default()
             });
-            let (err, backend) = attention_error(d, dtype, [1, 3, 3, 96, 96, 64], true, None);
+            let causal = Some(CausalVariant::UpperLeft);
+            let (err, backend) = attention_error(d, dtype, [1, 3, 3, 96, 96, 64], causal, None);
             assert_eq!(backend, SdpBackend::Cudnn);
             assert!(err < 1e-2, "{dtype} with benchmark: {err}");
         }
@@ -685,12 +709,13 @@ fn older_gpus_run_the_kernels_built_for_them_and_fall_back_for_the_rest() {
         assert!(err < 1e-5, "sm_{sm} ieee {size:?}: {err}");
     }
     for dtype in [DType::F16, DType::F32] {
-        let (err, backend) = attention_error(0, dtype, [1, 2, 2, 33, 40, 64], true, None);
+        let causal = Some(CausalVariant::UpperLeft);
+        let (err, backend) = attention_error(0, dtype, [1, 2, 2, 33, 40, 64], causal, None);
         assert_eq!(backend, SdpBackend::MemEfficient, "sm_{sm} {dtype}");
         assert!(err < 1e-2, "sm_{sm} {dtype}: {err}");
     }
     // bf16 kernels need sm_80: math serves, on the host.
-    let (err, backend) = attention_error(0, DType::Bf16, [1, 2, 2, 17, 17, 64], false, None);
+    let (err, backend) = attention_error(0, DType::Bf16, [1, 2, 2, 17, 17, 64], None, None);
     assert_eq!(backend, SdpBackend::Math, "sm_{sm} bf16");
     assert!(err < 1e-2, "sm_{sm} bf16: {err}");
 }

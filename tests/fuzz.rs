@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
 use backends::mha::{self, MhaOptions, MhaWeights};
-use backends::{DType, Device, SdpaOptions, Tensor, einsum, einsum_path, fft, matmul, sdpa};
+use backends::{
+    CausalVariant, DType, Device, SdpaOptions, Tensor, einsum, einsum_path, fft, matmul, sdpa,
+};
 use common::{attention_reference, in_child, rel_err};
 
 /// Seeds whose cases once failed; they run first, every time, in every case. So far each
@@ -867,6 +869,7 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
         _ => (None, None),
     };
     let causal = mask.is_none() && rng.chance(30);
+    let lower_right = causal && rng.chance(50);
     let dropout = if rng.chance(10) {
         [0.3, 1.0, 1.5, -0.1][rng.below(4)]
     } else {
@@ -876,6 +879,11 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
         attn_mask: mask.as_ref(),
         dropout_p: dropout,
         is_causal: causal,
+        causal_variant: if lower_right {
+            CausalVariant::LowerRight
+        } else {
+            CausalVariant::UpperLeft
+        },
         enable_gqa: groups > 1 || rng.chance(10),
         ..SdpaOptions::default()
     };
@@ -916,16 +924,26 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
             v,
             [if four { b } else { 1 }, h, hk, lq, lk, d, dv],
             1.0 / (d as f64).sqrt(),
-            causal,
-            &|_, _, i, j| bias.as_ref().map_or(0.0, |m| m[i * lk + j]),
+            causal && !lower_right,
+            &|_, _, i, j| {
+                // Bottom-right: query i sees keys j <= i + lk - lq.
+                if lower_right && j + lq > i + lk {
+                    return f64::NEG_INFINITY;
+                }
+                bias.as_ref().map_or(0.0, |m| m[i * lk + j])
+            },
         )
+        .into_iter()
+        // A row that sees no key is 0 (PyTorch 2.15's safe softmax).
+        .map(|x| if x.is_nan() { 0.0 } else { x })
+        .collect::<Vec<f64>>()
     };
     let want = reference(&made[2].1);
     let magnitude = reference(&made[2].1.iter().map(|x| x.abs()).collect::<Vec<_>>());
     compared();
     if !close(&got, &want, &magnitude, dt) {
         return Err(format!(
-            "{shapes:?} {dt} mask {:?} causal {causal}: error {} on {}",
+            "{shapes:?} {dt} mask {:?} causal {causal} lower-right {lower_right}: error {} on {}",
             mask.as_ref().map(|m| m.dtype()),
             rel_err(&got, &want),
             out.backend

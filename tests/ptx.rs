@@ -397,11 +397,13 @@ fn run_attention(
         params.extend([ptr(o_at), ptr(lse_at)]);
         params.extend([h, hk, lq, lk].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
+        params.push(int(0)); // the causal diagonal: top-left
     } else {
         params.extend([ptr(mask_at), ptr(o_at), ptr(lse_at)]);
         params.extend([h, hk, lq, lk, d].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
         params.push(int(usize::from(causal)));
+        params.push(int(0)); // the causal diagonal: top-left
     }
     params.extend(strides(h, lq));
     params.extend(strides(hk, lk));

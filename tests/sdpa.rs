@@ -4,7 +4,7 @@
 mod common;
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
-use backends::{DType, Device, Element, Error, SdpaOptions, Tensor, sdpa};
+use backends::{CausalVariant, DType, Device, Element, Error, SdpaOptions, Tensor, sdpa};
 use common::{adapter, attention_reference, in_child, random, rel_err};
 use half::{bf16, f16};
 
@@ -52,6 +52,8 @@ struct Case {
     lk: usize,
     d: usize,
     causal: bool,
+    /// With `causal`: bottom-right aligned (`causal_lower_right`).
+    lower_right: bool,
     mask: Option<bool>, // Some(true): boolean, Some(false): additive
 }
 
@@ -64,7 +66,17 @@ fn case(lq: usize, lk: usize, d: usize) -> Case {
         lk,
         d,
         causal: false,
+        lower_right: false,
         mask: None,
+    }
+}
+
+/// `c` with a bottom-right aligned causal mask.
+fn lower_right(c: Case) -> Case {
+    Case {
+        causal: true,
+        lower_right: true,
+        ..c
     }
 }
 
@@ -94,6 +106,11 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
     let options = SdpaOptions {
         attn_mask: mask.as_ref(),
         is_causal: c.causal,
+        causal_variant: if c.lower_right {
+            CausalVariant::LowerRight
+        } else {
+            CausalVariant::UpperLeft
+        },
         enable_gqa: c.h != c.hk,
         ..Default::default()
     };
@@ -105,7 +122,10 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
     )
     .unwrap();
     assert_eq!(out.output.shape(), [c.b, c.h, c.lq, c.d]);
+    // The bottom-right mask, written out here: query i sees keys j <= i + lk - lq.
+    let hidden_lower_right = |i: usize, j: usize| c.lower_right && j + c.lq > i + c.lk;
     let bias = |_: usize, _: usize, i: usize, j: usize| match c.mask {
+        _ if hidden_lower_right(i, j) => f64::NEG_INFINITY,
         Some(true) if !keep[i * c.lk + j] => f64::NEG_INFINITY,
         Some(false) => additive[i * c.lk + j],
         _ => 0.0,
@@ -116,9 +136,14 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
         &v,
         [c.b, c.h, c.hk, c.lq, c.lk, c.d, c.d],
         1.0 / (c.d as f64).sqrt(),
-        c.causal,
+        c.causal && !c.lower_right,
         &bias,
     );
+    // A row that sees no key (bottom-right with lq > lk) is NaN there and 0 in PyTorch 2.15.
+    let want: Vec<f64> = want
+        .into_iter()
+        .map(|x| if x.is_nan() { 0.0 } else { x })
+        .collect();
     let got = host(&out.output);
     assert!(
         got.iter().all(|x| x.is_finite()),
@@ -156,6 +181,18 @@ fn shapes() -> Vec<Case> {
         hk: 2,
         ..case(40, 70, 32)
     });
+    // Bottom-right causal masks: square (the top-left mask), more keys than queries (a
+    // prefill chunk against its cache), more queries than keys (the first rows see none),
+    // lengths off the tiles, GQA.
+    cases.push(lower_right(case(128, 128, 64)));
+    cases.push(lower_right(case(37, 300, 64)));
+    cases.push(lower_right(case(333, 200, 32)));
+    cases.push(lower_right(case(17, 333, 128)));
+    cases.push(lower_right(Case {
+        h: 4,
+        hk: 2,
+        ..case(40, 70, 32)
+    }));
     cases
 }
 
@@ -167,7 +204,7 @@ fn cpu_fused_path_matches_the_reference() {
         assert!(
             err < 1e-5,
             "f32 {:?}: {err}",
-            (c.lq, c.lk, c.d, c.causal, c.mask)
+            (c.lq, c.lk, c.d, c.causal, c.lower_right, c.mask)
         );
         // f64 computes in f64, as PyTorch's CPU flash kernel does for it.
         let (err, backend) = run::<f64>(c, Device::Cpu);
@@ -349,6 +386,13 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
         causal: true,
         ..case(3, 50, 64)
     });
+    // Decoding steps: the last query sees every key.
+    cases.push(lower_right(Case {
+        h: 4,
+        hk: 2,
+        ..case(3, 50, 64)
+    }));
+    cases.push(lower_right(case(1, 300, 64)));
     cases.push(Case {
         mask: Some(true),
         ..case(2, 100, 32)
@@ -362,7 +406,7 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
         backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
     );
     for c in cases {
-        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.mask);
+        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
         for dtype in [DType::F32, DType::Bf16] {
             let capture = backends::TraceCapture::start();
             let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
@@ -391,7 +435,7 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {
-        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.mask);
+        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
         let (err, backend) = run::<bf16>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
         assert!(err < 1e-2, "bf16 {what:?}: {err}");
@@ -658,6 +702,8 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
             causal: true,
             ..case(70, 70, 64)
         },
+        lower_right(case(20, 90, 64)),
+        lower_right(case(90, 20, 32)),
     ];
     for c in small {
         let (err, backend) = run::<f32>(c, device);
@@ -696,6 +742,15 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
         let (err, backend) = run::<f32>(case(50, 60, 256), device);
         assert_eq!(backend, SdpBackend::MemEfficient);
         assert!(err < 1e-5, "head dim 256: {err}");
+        for c in [lower_right(case(20, 50, 64)), lower_right(case(50, 20, 64))] {
+            let (err, backend) = run::<f32>(c, device);
+            assert_eq!(backend, SdpBackend::MemEfficient);
+            assert!(
+                err < 1e-5,
+                "mem-efficient lower-right {:?}: {err}",
+                (c.lq, c.lk)
+            );
+        }
     }
     if backends::adapters::list()[0].shader_f16 {
         let (err, backend) = run::<f16>(case(40, 40, 64), device);

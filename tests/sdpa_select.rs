@@ -5,7 +5,7 @@ use backends::attention::{
     DeviceCaps, HeadDims, Reason, SdpBackend, sdpa_kernel_scoped, select_with,
 };
 use backends::cuda::{SDPAParams, TensorMeta};
-use backends::{DType, Device, Error};
+use backends::{CausalVariant, DType, Device, Error};
 
 use SdpBackend::{Cudnn, Flash, Math, MemEfficient};
 
@@ -30,6 +30,7 @@ fn params(
         attn_mask: None,
         dropout: 0.0,
         is_causal: false,
+        causal_variant: CausalVariant::UpperLeft,
         enable_gqa: false,
     }
 }
@@ -92,6 +93,14 @@ fn cases() -> Vec<Case> {
     masked.attn_mask = Some(meta(&[128, 128], DType::F16, cu));
     let mut causal_rect = params(8, 8, 100, 300, 64, DType::F16, cu);
     causal_rect.is_causal = true;
+    let lower_right_rect = SDPAParams {
+        causal_variant: CausalVariant::LowerRight,
+        ..causal_rect.clone()
+    };
+    let lower_right_square = SDPAParams {
+        causal_variant: CausalVariant::LowerRight,
+        ..params(8, 8, 128, 128, 64, DType::F16, cu)
+    };
     let mut gqa = params(8, 2, 128, 128, 64, DType::Bf16, cu);
     gqa.enable_gqa = true;
     let mut strided = params(8, 8, 64, 64, 64, DType::F16, cu);
@@ -171,7 +180,36 @@ fn cases() -> Vec<Case> {
             params: causal_rect,
             caps: sm80,
             selected: MemEfficient,
-            flash: vec![Reason::CausalNonSquare { lq: 100, lk: 300 }],
+            flash: vec![Reason::CausalNonSquare {
+                lq: 100,
+                lk: 300,
+                variant: CausalVariant::UpperLeft,
+            }],
+            mem_efficient: vec![],
+            cudnn: vec![],
+        },
+        Case {
+            name: "causal_lower_right with Lq != Lk: flash takes it, cuDNN does not",
+            params: lower_right_rect,
+            caps: sm80,
+            selected: Flash,
+            flash: vec![],
+            mem_efficient: vec![],
+            cudnn: vec![Reason::CausalNonSquare {
+                lq: 100,
+                lk: 300,
+                variant: CausalVariant::LowerRight,
+            }],
+        },
+        Case {
+            name: "causal_lower_right with Lq = Lk is the top-left mask: every backend",
+            params: SDPAParams {
+                is_causal: true,
+                ..lower_right_square
+            },
+            caps: sm80,
+            selected: Flash,
+            flash: vec![],
             mem_efficient: vec![],
             cudnn: vec![],
         },

@@ -6,7 +6,8 @@
 // `dropout_keep(seed, index)`, the host's decision.
 //
 // Specialisation: KERNEL, T (half_t or bf16_t), HEAD_DIM, WARPS (16 query rows each),
-//   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: key j is hidden from query i when j > i)
+//   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: key j is hidden from query i when j > i + diag;
+//   diag 0 top-left aligned, Lk - Lq bottom-right)
 // Launch: grid (ceil(Lq / (16 * WARPS)), B * H), block 32 * WARPS.
 // Layout: q, k, v, o are [B, H(k), L, HEAD_DIM] with the last dimension contiguous and the
 // other strides given; key/value head = h / (H / Hk) (grouped-query attention).
@@ -16,7 +17,7 @@
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, float scale,
+    int H, int Hk, int Lq, int Lk, float scale, int diag,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
@@ -53,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
 
     int k_stop = Lk;
 #if CAUSAL
-    k_stop = min(Lk, m0 + BLOCK_M);
+    k_stop = max(0, min(Lk, m0 + BLOCK_M + diag));  // the block's last row sees the most
 #endif
     for (int kb = 0; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
@@ -97,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
                 const int key = kb + 8 * j + 2 * t + (r % 2);
                 bool hidden = key >= Lk;
 #if CAUSAL
-                hidden = hidden || key > row0 + (r / 2) * 8;
+                hidden = hidden || key > row0 + (r / 2) * 8 + diag;
 #endif
                 s[j][r] = hidden ? NEG_INF : s[j][r] * scale_log2;
                 block_max[r / 2] = fmaxf(block_max[r / 2], s[j][r]);

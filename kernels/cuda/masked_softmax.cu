@@ -1,6 +1,6 @@
 // The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
-// raw scores S = Q K^T, in f32 arithmetic, with top-left causal masking (key j > query i is
-// hidden) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
+// raw scores S = Q K^T, in f32 arithmetic, with causal masking (key j > query i + diag is
+// hidden: diag 0 top-left aligned, Lk - Lq bottom-right) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
 // dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
 // score NaN. With
 // dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
@@ -27,7 +27,7 @@ __device__ __forceinline__ float block_reduce(float x, bool sum, float* scratch)
 
 extern "C" __global__ void __launch_bounds__(THREADS) KERNEL(
     const T* __restrict__ s, const M* __restrict__ mask, T* __restrict__ p,
-    int H, int Lq, int Lk, float scale, int causal,
+    int H, int Lq, int Lk, float scale, int causal, int diag,
     long long m_b, long long m_h, long long m_q, long long m_k,
     double dropout_p, unsigned long long seed)
 {
@@ -42,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) KERNEL(
 #endif
     // The masked, scaled score of key j (-inf where hidden).
     auto score = [&](int j) -> float {
-        if (causal && j > i) return NEG_INF;
+        if (causal && j > i + diag) return NEG_INF;
 #if MASK_KIND == 1
         if (!mask[j * m_k]) return NEG_INF;
 #endif

@@ -1,6 +1,7 @@
 // Memory-efficient attention forward: O = softmax(Q K^T * scale + mask) V, tiled with an
 // online softmax in fp32 (SIMT), any head dim up to D_MAX, with an optional mask and a
-// run-time causal flag (top-left aligned, so Lq != Lk is allowed). Writes the natural-log
+// run-time causal flag (key j is hidden from query i when j > i + diag: diag 0 top-left
+// aligned, Lk - Lq bottom-right; any Lq, Lk). Writes the natural-log
 // log-sum-exp per query row. A query row with no visible key gets O = 0 and lse = -inf.
 // With dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
 // 1 / (1 - dropout_p)) by `dropout_keep(seed, index)`, the host's decision.
@@ -16,7 +17,7 @@
 extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const M* __restrict__ mask, T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, int D, float scale, int causal,
+    int H, int Hk, int Lq, int Lk, int D, float scale, int causal, int diag,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
@@ -51,7 +52,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
 
     int k_stop = Lk;
-    if (causal) k_stop = min(Lk, m0 + BLOCK_M);
+    // The block's last row sees the most keys.
+    if (causal) k_stop = max(0, min(Lk, m0 + BLOCK_M + diag));
     for (int kb = 0; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
         for (int e = tid; e < BLOCK_N * D_MAX; e += THREADS) {
@@ -71,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
 #pragma unroll
             for (int d = 0; d < D; ++d) dot = fmaf(Qs[row][d], Ks[j][d], dot);
             float x = dot * scale;
-            bool hidden = key >= Lk || qi >= Lq || (causal && key > qi);
+            bool hidden = key >= Lk || qi >= Lq || (causal && key > qi + diag);
 #if MASK_KIND == 1
             if (!hidden && !mask[key * m_k]) hidden = true;
 #elif MASK_KIND == 2

@@ -8,8 +8,8 @@
 //   alias MASK_T     mask word: u32 (boolean masks, one byte per element, packed) or T (additive)
 //   const MASK_KIND  0 none, 1 boolean (false hides a key), 2 additive
 // The mask readers (mask_hides, mask_bias) come from mask.wgsl, prepended by the generator.
-//   const CAUSAL     0 off, 1 on, 2 read from the parameters (top-left aligned: key j is hidden
-//                    from query i when j > i)
+//   const CAUSAL     0 off, 1 on, 2 read from the parameters (key j is hidden from query i
+//                    when j > i + diag: diag 0 top-left aligned, Lk - Lq bottom-right)
 //   const D_MAX      largest head dim served (the flash family uses the exact head dim)
 //   const BLOCK_M, BLOCK_N  query rows per workgroup, keys per step; 64 invocations,
 //                    64 / BLOCK_M of them per query row
@@ -17,7 +17,7 @@
 // contiguous and the other strides given; key/value head = h / (H / Hk).
 
 struct Params {
-    H: u32, Hk: u32, Lq: u32, Lk: u32, D: u32, causal: u32, scale: f32, pad: u32,
+    H: u32, Hk: u32, Lq: u32, Lk: u32, D: u32, causal: u32, scale: f32, diag: i32,
     q_b: u32, q_h: u32, q_l: u32, k_b: u32, k_h: u32, k_l: u32,
     v_b: u32, v_h: u32, v_l: u32, o_b: u32, o_h: u32, o_l: u32,
     m_b: u32, m_h: u32, m_q: u32, m_k: u32,
@@ -74,7 +74,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
     var row_sum = 0.0;
 
     var k_stop = p.Lk;
-    if (causal) { k_stop = min(p.Lk, m0 + BLOCK_M); }
+    // The block's last row sees the most keys (lengths and diag fit in i32: the host checks).
+    if (causal) { k_stop = u32(clamp(i32(m0 + BLOCK_M) + p.diag, 0, i32(p.Lk))); }
     for (var kb = 0u; kb < k_stop; kb += BLOCK_N) {
         workgroupBarrier();
         for (var e = tid; e < BLOCK_N * D_MAX; e += THREADS) {
@@ -93,7 +94,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) t
         for (var j = sub; j < BLOCK_N; j += TPR) {
             let key = kb + j;
             var s = HIDDEN;
-            let hidden = key >= p.Lk || qi >= p.Lq || (causal && key > qi);
+            let hidden = key >= p.Lk || qi >= p.Lq || (causal && i32(key) > i32(qi) + p.diag);
             if (!hidden && !mask_hides(m_base + key * p.m_k)) {
                 var dot = 0.0;
                 for (var d = 0u; d < p.D; d++) { dot = fma(Qs[row * D_MAX + d], Ks[j * D_MAX + d], dot); }

@@ -42,8 +42,9 @@ use syn::{Expr, ExprLit, ItemFn, Lit, Meta, Token};
 ///   poll of it, on whichever thread polls it, and not between polls. Annotated functions
 ///   nest: the innermost decides.
 /// - `set_priority`: the listed order is the priority order.
-/// - what the calls in the body look like: `causal` (also makes `is_causal` the default
-///   of `SdpaOptions::default()` in the body), `dtype = bf16|f16|f32|f64`,
+/// - what the calls in the body look like: `causal`, or `causal = upper_left|lower_right`
+///   (PyTorch's `causal_upper_left` / `causal_lower_right`; also makes `is_causal` and that
+///   alignment the default of `SdpaOptions::default()` in the body), `dtype = bf16|f16|f32|f64`,
 ///   `head_dim = N`, `mask = none|bool|float`, `dropout`.
 /// - `device = cuda|wgpu|cpu`: the kind of device the calls run on; `cuda` (PyTorch's
 ///   GPU rules) when absent.
@@ -55,7 +56,7 @@ use syn::{Expr, ExprLit, ItemFn, Lit, Meta, Token};
 /// float`, `flash, head_dim = 512`, `cudnn, device = cpu`, an unknown or repeated name.
 ///
 /// With one backend, a `dtype` and a `head_dim`, the attribute pins that variant: a call
-/// that matches it (device kind, dtype, head dim, causal flag, mask kind) checks only
+/// that matches it (device kind, dtype, head dim, causal alignment, mask kind) checks only
 /// that backend, skipping the priority walk, and on a GPU uses the dispatch-table entry
 /// chosen at compile time. Other calls select as usual among the listed backends.
 ///
@@ -82,7 +83,8 @@ type At<T> = (T, Span);
 struct Spec {
     backends: Vec<At<Backend>>,
     set_priority: bool,
-    causal: Option<Span>,
+    /// `causal` (upper-left) or `causal = upper_left | lower_right`: lower-right or not.
+    causal: Option<At<bool>>,
     dtype: Option<At<Elem>>,
     head_dim: Option<At<usize>>,
     mask: Option<At<MaskKind>>,
@@ -91,8 +93,9 @@ struct Spec {
 }
 
 const BACKENDS: &str = "flash, mem_efficient (or efficient), math, cudnn";
-const OPTIONS: &str = "set_priority, causal, dropout, dtype = bf16|f16|f32|f64, head_dim = N, \
-                       mask = none|bool|float, device = cuda|wgpu|cpu";
+const OPTIONS: &str = "set_priority, causal (or causal = upper_left|lower_right), dropout, \
+                       dtype = bf16|f16|f32|f64, head_dim = N, mask = none|bool|float, \
+                       device = cuda|wgpu|cpu";
 
 fn err<T>(span: Span, message: impl std::fmt::Display) -> syn::Result<T> {
     Err(syn::Error::new(span, message))
@@ -148,9 +151,9 @@ fn parse_spec(attr: TokenStream2) -> syn::Result<Spec> {
                 spec.backends.push((backend, span));
             }
             (Meta::Path(_), "set_priority") => spec.set_priority = true,
-            (Meta::Path(_), "causal") => spec.causal = Some(span),
+            (Meta::Path(_), "causal") => spec.causal = Some((false, span)),
             (Meta::Path(_), "dropout") => spec.dropout = Some(span),
-            (Meta::NameValue(nv), "dtype" | "mask" | "device" | "head_dim") => {
+            (Meta::NameValue(nv), "dtype" | "mask" | "device" | "head_dim" | "causal") => {
                 let value = &nv.value;
                 let vspan = value.span();
                 let word = match value {
@@ -180,6 +183,14 @@ fn parse_spec(attr: TokenStream2) -> syn::Result<Spec> {
                             _ => return err(vspan, "dtype takes bf16, f16, f32 or f64"),
                         };
                         spec.dtype = Some((elem, vspan));
+                    }
+                    "causal" => {
+                        let lower_right = match word.as_deref() {
+                            Some("upper_left") => false,
+                            Some("lower_right") => true,
+                            _ => return err(vspan, "causal takes upper_left or lower_right"),
+                        };
+                        spec.causal = Some((lower_right, vspan));
                     }
                     "mask" => {
                         let mask = match word.as_deref() {
@@ -340,10 +351,13 @@ fn pin(spec: &Spec) -> syn::Result<TokenStream2> {
         return Ok(quote!(::core::option::Option::None));
     };
     let (kind, _) = spec.device;
-    let causal = spec.causal.is_some();
+    let causal_key = spec.causal.is_some();
+    let causal = causal_expr(spec);
     let mask = spec.mask.map_or(MaskKind::None, |(m, _)| m);
     let kernel = match kind {
-        DeviceKind::Wgpu | DeviceKind::Cuda => rules::kernel_key(backend, elem, d, causal, mask),
+        DeviceKind::Wgpu | DeviceKind::Cuda => {
+            rules::kernel_key(backend, elem, d, causal_key, mask)
+        }
         DeviceKind::Cpu => None,
     };
     let kernel = match kernel {
@@ -406,6 +420,23 @@ fn pin(spec: &Spec) -> syn::Result<TokenStream2> {
     )
 }
 
+/// The `Option<CausalVariant>` the attribute gives calls.
+fn causal_expr(spec: &Spec) -> TokenStream2 {
+    match spec.causal {
+        None => quote!(::core::option::Option::None),
+        Some((false, _)) => {
+            quote!(::core::option::Option::Some(
+                ::backends::CausalVariant::UpperLeft
+            ))
+        }
+        Some((true, _)) => {
+            quote!(::core::option::Option::Some(
+                ::backends::CausalVariant::LowerRight
+            ))
+        }
+    }
+}
+
 fn backend_path(backend: Backend) -> TokenStream2 {
     let variant = match backend {
         Backend::Flash => quote!(Flash),
@@ -434,7 +465,7 @@ fn expand(attr: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     let pin = pin(&spec)?;
     let backends = spec.backends.iter().map(|&(b, _)| backend_path(b));
     let set_priority = spec.set_priority;
-    let causal = spec.causal.is_some();
+    let causal = causal_expr(&spec);
     let ItemFn {
         attrs,
         vis,

@@ -191,10 +191,17 @@ pub fn takes_gqa(backend: Backend) -> bool {
     matches!(backend, Backend::Math | Backend::Flash)
 }
 
-/// Whether `backend` takes `is_causal` with query length != key length. GPU flash
-/// kernels align the causal mask bottom-right, PyTorch top-left, so they refuse it.
+/// Whether `backend` takes `is_causal` (top-left aligned) with query length != key length.
+/// PyTorch's GPU flash kernels align the causal mask bottom-right, so PyTorch refuses it
+/// there, and so do we (the same call selects the same backend).
 pub fn causal_any_lengths(backend: Backend, kind: DeviceKind) -> bool {
     !(backend == Backend::Flash && kind != DeviceKind::Cpu)
+}
+
+/// Whether `backend` takes a bottom-right aligned causal mask (`causal_lower_right`) with
+/// query length != key length. Our cuDNN graph builds the top-left mask only.
+pub fn causal_lower_right(backend: Backend) -> bool {
+    backend != Backend::Cudnn
 }
 
 /// The generated kernel that serves a wgpu or CUDA call of `backend` with `elem` inputs,

@@ -90,6 +90,29 @@ impl FlagValue for SdpPriority {
     }
 }
 
+/// Which diagonal a causal mask follows (`torch.nn.attention.bias.CausalVariant`). With
+/// Lq = Lk both are the same mask.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CausalVariant {
+    /// Query i sees keys `0..=i` (`causal_upper_left`; what PyTorch's `is_causal` means).
+    #[default]
+    UpperLeft,
+    /// Query i sees keys `0..=i + Lk - Lq` (`causal_lower_right`): the last query sees every
+    /// key, as a decoding step or a chunk of a prefill against its cache needs. Where
+    /// Lq > Lk the first Lq - Lk queries see no key (their output is 0).
+    LowerRight,
+}
+
+impl CausalVariant {
+    /// PyTorch's name of the mask (`causal_upper_left`, `causal_lower_right`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CausalVariant::UpperLeft => "causal_upper_left",
+            CausalVariant::LowerRight => "causal_lower_right",
+        }
+    }
+}
+
 /// Why a backend cannot serve a call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reason {
@@ -137,12 +160,14 @@ pub enum Reason {
     },
     /// The backend takes no `attn_mask` (only `is_causal`).
     AttnMask,
-    /// Causal masking with `Lq != Lk` (the backend aligns bottom-right, PyTorch top-left).
+    /// Causal masking with `Lq != Lk` in an alignment the backend does not take.
     CausalNonSquare {
         /// Query length.
         lq: usize,
         /// Key length.
         lk: usize,
+        /// The alignment asked for.
+        variant: CausalVariant,
     },
     /// The backend applies no dropout.
     Dropout(f64),
@@ -215,9 +240,21 @@ impl fmt::Display for Reason {
                 "requires {rule}. Got Query.size(-1): {query}, Key.size(-1): {key}, Value.size(-1): {value} instead."
             ),
             Reason::AttnMask => write!(f, "does not support non-null attn_mask"),
-            Reason::CausalNonSquare { lq, lk } => write!(
+            Reason::CausalNonSquare {
+                lq,
+                lk,
+                variant: CausalVariant::UpperLeft,
+            } => write!(
                 f,
-                "does not support is_causal with query length {lq} != key length {lk} (its causal mask is bottom-right aligned)"
+                "does not support is_causal with query length {lq} != key length {lk} (its causal mask is bottom-right aligned; for that mask ask for causal_lower_right)"
+            ),
+            Reason::CausalNonSquare {
+                lq,
+                lk,
+                variant: CausalVariant::LowerRight,
+            } => write!(
+                f,
+                "does not support causal_lower_right with query length {lq} != key length {lk} (its causal mask is top-left aligned)"
             ),
             Reason::Dropout(p) => write!(f, "does not support dropout; got dropout_p {p}"),
             Reason::Gqa => write!(f, "does not support enable_gqa"),

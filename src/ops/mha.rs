@@ -325,6 +325,8 @@ fn fast_path(
     let sdpa_options = SdpaOptions {
         attn_mask: keep.as_ref(),
         is_causal: options.is_causal && keep.is_none(),
+        // PyTorch's MHA passes is_causal on: top-left, whatever a scope's default says.
+        causal_variant: crate::core::sdp::CausalVariant::UpperLeft,
         ..SdpaOptions::default()
     };
     Ok((crate::sdpa(&q, &k, &v, &sdpa_options)?.output, None))

@@ -150,20 +150,24 @@ pub fn adapter() -> Option<backends::Device> {
 
 /// Math attention on `device` (wgpu or CUDA) against the CPU's math path on the same f32
 /// inputs: no mask, a broadcast boolean mask with a fully hidden query row, an additive mask
-/// with -inf entries, causal with Lq != Lk, grouped-query heads (with a mask), 3-D inputs; the trace
+/// with -inf entries, causal with Lq != Lk in both alignments, grouped-query heads (with a mask), 3-D inputs; the trace
 /// says the device ran it. Returns the worst relative error.
 pub fn device_math_error(device: backends::Device) -> f64 {
+    use backends::CausalVariant::{LowerRight, UpperLeft};
     use backends::attention::{SdpBackend, sdpa_kernel_scoped};
     use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
     let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
     // (q shape, kv shape, causal, mask: 0 none, 1 boolean, 2 additive)
-    let cases: [(&[usize], &[usize], bool, u8); 6] = [
-        (&[2, 3, 17, 16], &[2, 3, 23, 16], false, 0),
-        (&[1, 2, 9, 8], &[1, 2, 300, 8], false, 1),
-        (&[2, 2, 11, 32], &[2, 2, 11, 32], false, 2),
-        (&[1, 2, 7, 16], &[1, 2, 12, 16], true, 0),
-        (&[1, 8, 5, 16], &[1, 2, 40, 16], false, 1),
-        (&[3, 6, 16], &[3, 6, 16], false, 0),
+    let cases: [(&[usize], &[usize], _, u8); 8] = [
+        (&[2, 3, 17, 16], &[2, 3, 23, 16], None, 0),
+        (&[1, 2, 9, 8], &[1, 2, 300, 8], None, 1),
+        (&[2, 2, 11, 32], &[2, 2, 11, 32], None, 2),
+        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(UpperLeft), 0),
+        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(LowerRight), 0),
+        // More queries than keys: the first five rows see none.
+        (&[1, 2, 12, 16], &[1, 2, 7, 16], Some(LowerRight), 0),
+        (&[1, 8, 5, 16], &[1, 2, 40, 16], None, 1),
+        (&[3, 6, 16], &[3, 6, 16], None, 0),
     ];
     let mut worst = 0f64;
     for (q_shape, kv_shape, causal, mask_kind) in cases {
@@ -202,7 +206,8 @@ pub fn device_math_error(device: backends::Device) -> f64 {
         let mask = mask_host.as_ref().map(|m| m.to_device(device).unwrap());
         let options = |mask| SdpaOptions {
             attn_mask: mask,
-            is_causal: causal,
+            is_causal: causal.is_some(),
+            causal_variant: causal.unwrap_or_default(),
             enable_gqa: q_shape[q_shape.len() - 3] != kv_shape[kv_shape.len() - 3],
             ..SdpaOptions::default()
         };

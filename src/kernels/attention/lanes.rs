@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::portable::EXP2_POLY;
-use super::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView};
+use super::{BLOCK_M, BLOCK_N, BlockArgs, Causal, Line, MaskView};
 use crate::kernels::simd::Vector;
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 
@@ -188,7 +188,8 @@ unsafe fn block_lanes<
     // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
     let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
     let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
-    let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+    // The last row sees the most keys.
+    let k_end = causal.map_or(s.lk, |c| c.keys(rows.end.saturating_sub(1), s.lk));
     for kb in (0..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
         // While the scores are formed, the block's values are fetched into L2, and the
@@ -226,7 +227,8 @@ unsafe fn block_lanes<
                 row0,
                 real: (rows.end - row0).min(V::LANES),
                 kb,
-                causal: causal && kb + keys > row0 + 1,
+                // The first row sees the fewest keys.
+                causal: causal.filter(|c| kb + keys > c.keys(row0, s.lk)),
                 bias,
             };
             // SAFETY: under `V`'s instruction set (the caller's).
@@ -442,8 +444,8 @@ struct Lanes<'a> {
     real: usize,
     /// The key block's first key.
     kb: usize,
-    /// Whether the causal diagonal crosses this key block for these rows.
-    causal: bool,
+    /// The causal mask where its diagonal crosses this key block for these rows.
+    causal: Option<Causal>,
     bias: Option<MaskView<'a>>,
 }
 
@@ -472,13 +474,14 @@ unsafe fn softmax<V: SoftmaxLanes>(
             if let Some(mask) = lanes.bias {
                 x = V::add(x, mask_values::<V>(mask, lanes, c));
             }
-            if lanes.causal {
-                // Key kb + c is visible to row row0 + l when kb + c - row0 <= l (a small
-                // difference where the diagonal crosses the block: exact as a float).
-                let first_shown = ((lanes.kb + c) as i64 - lanes.row0 as i64) as f32;
+            if let Some(causal) = lanes.causal {
+                // Key kb + c is visible to row row0 + l when kb + c - row0 - diag <= l (a
+                // small difference where the diagonal crosses the block: exact as a float).
+                let first_shown =
+                    ((lanes.kb + c) as i64 - lanes.row0 as i64 - causal.diag as i64) as f32;
                 x = V::hide_below(x, first_shown);
             }
-            if lanes.bias.is_some() || lanes.causal {
+            if lanes.bias.is_some() || lanes.causal.is_some() {
                 x.store(at);
             }
             block_max = V::max(block_max, x);

@@ -14,6 +14,7 @@ mod lanes;
 pub(crate) mod portable;
 
 use crate::Tensor;
+use crate::core::sdp::CausalVariant;
 
 /// Sizes of one call, with 3-D inputs read as batch 1.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +69,34 @@ impl MaskView<'_> {
     }
 }
 
+/// A causal mask as the kernels read it: query row i sees keys `0..i + 1 + diag` (clamped
+/// to `0..=Lk`); `diag` is 0 top-left aligned, Lk - Lq bottom-right aligned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Causal {
+    pub(crate) diag: isize,
+}
+
+impl Causal {
+    /// The mask of `variant` for `lq` queries against `lk` keys.
+    pub(crate) fn new(variant: CausalVariant, lq: usize, lk: usize) -> Causal {
+        let diag = match variant {
+            CausalVariant::UpperLeft => 0,
+            // Both lengths are tensor extents (at most isize::MAX): the difference fits.
+            CausalVariant::LowerRight => lk as isize - lq as isize,
+        };
+        Causal { diag }
+    }
+
+    /// How many keys (of `lk`) query row `i` sees.
+    #[inline(always)]
+    pub(crate) fn keys(self, i: usize, lk: usize) -> usize {
+        (i as isize)
+            .saturating_add(1)
+            .saturating_add(self.diag)
+            .clamp(0, lk as isize) as usize
+    }
+}
+
 /// The arguments of one fused block.
 pub(crate) struct BlockArgs<'a> {
     /// The block's queries (the rows of `rows`), already multiplied by the scale.
@@ -77,7 +106,7 @@ pub(crate) struct BlockArgs<'a> {
     pub(crate) v: &'a [f32],
     pub(crate) rows: std::ops::Range<usize>,
     pub(crate) s: &'a Shape,
-    pub(crate) causal: bool,
+    pub(crate) causal: Option<Causal>,
     pub(crate) bias: Option<MaskView<'a>>,
     pub(crate) out: &'a mut [f32],
     pub(crate) lse: &'a mut [f32],

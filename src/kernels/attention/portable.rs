@@ -165,17 +165,14 @@ pub(crate) fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
     let mut row_sum = [0f32; BLOCK_M];
     let acc = &mut out[..n_rows * s.dv];
     acc.fill(0.0);
-    let k_end = if causal { s.lk.min(rows.end) } else { s.lk };
+    // The last row sees the most keys.
+    let k_end = causal.map_or(s.lk, |c| c.keys(rows.end.saturating_sub(1), s.lk));
     for kb in (0..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
         let kt = key_block(kt, s.d, kb);
         for (r, i) in rows.clone().enumerate() {
             let mut srow = score_row::<FUSED>(&q[r * s.d..(r + 1) * s.d], kt);
-            let visible = if causal {
-                keys.min((i + 1).saturating_sub(kb))
-            } else {
-                keys
-            };
+            let visible = causal.map_or(keys, |c| keys.min(c.keys(i, s.lk).saturating_sub(kb)));
             let bias = bias.map(|m| (m, i, kb));
             let Some(alpha) =
                 online_softmax(&mut srow, visible, bias, &mut row_max[r], &mut row_sum[r])

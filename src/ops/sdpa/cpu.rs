@@ -199,6 +199,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let key_rows = kernels.attention_reads_key_rows;
     let (qv, kv, vv, mask) = (&qv, &kv, &vv, &mask);
     type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
+    let causal = job.causal();
     let work = |(chunk, mut q_block): Chunk| {
         // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
         // transposed where the kernel reads them so (threads take runs of items of one head).
@@ -239,7 +240,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 v,
                 rows,
                 s,
-                causal: o.is_causal,
+                causal,
                 bias: mask,
                 out: o_here,
                 lse: l_here,
@@ -331,7 +332,7 @@ fn decode<E: crate::kernels::simd::Load>(
     use crate::kernels::attention::decode::{Group, run};
     let s = &job.shape;
     let scale = job.scale as f32;
-    let causal = job.options.is_causal;
+    let causal = job.causal();
     let group = s.h / s.hk.max(1);
     let rows = group * s.lq;
     let stride = s.lk.next_multiple_of(16);
@@ -383,7 +384,7 @@ fn decode<E: crate::kernels::simd::Load>(
             row_info.clear();
             for r in 0..rows {
                 let (h, i) = (hk * group + r / s.lq, r % s.lq);
-                let keys = if causal { s.lk.min(i + 1) } else { s.lk };
+                let keys = causal.map_or(s.lk, |c| c.keys(i, s.lk));
                 let mask = masks.map(|m| m.of_head(b, h));
                 row_info.push((keys, mask, i));
             }
@@ -420,6 +421,7 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
     } = *job;
     let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
     let bias = Bias::of(o.attn_mask)?;
+    let causal = job.causal();
     let mut out = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
     let mut lse = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq)?;
     let rows = s.b * s.h * s.lq;
@@ -444,7 +446,7 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
             let (bh, i) = (row / s.lq, row % s.lq);
             let (b, h) = (bh / s.h, bh % s.h);
             let kvh = b * s.hk + s.kv_head(h);
-            let keys = if o.is_causal { s.lk.min(i + 1) } else { s.lk };
+            let keys = causal.map_or(s.lk, |c| c.keys(i, s.lk));
             *l = attend_row_f64(
                 &qv[row * s.d..][..s.d],
                 RowKeys {

@@ -2,7 +2,7 @@
 //! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
 //! dropout drawn by the same stateless per-weight decision as the host's math path.
 
-use super::{Job, SdpaOutput, broadcast_strides};
+use super::{Job, SdpaOutput, broadcast_strides, diag_arg};
 use crate::core::generator::Draw;
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
@@ -103,6 +103,7 @@ pub(super) fn fused(
             .collect::<Result<Vec<i32>>>()?;
         let scale = scale as f32;
         let causal = i32::from(o.is_causal);
+        let diag = diag_arg(OP, job)?;
         let mut all_strides = Vec::with_capacity(16);
         for t in [q, k, v] {
             all_strides.extend(strides(t)?);
@@ -134,13 +135,13 @@ pub(super) fn fused(
             for x in &ints[..4] {
                 args.int(x);
             }
-            args.float(&scale);
+            args.float(&scale).int(&diag);
         } else {
             args.ptr(&mask_view).ptr(&out_view).ptr(&lse_view);
             for x in &ints {
                 args.int(x);
             }
-            args.float(&scale).int(&causal);
+            args.float(&scale).int(&causal).int(&diag);
         }
         for x in &all_strides {
             args.long(x);

@@ -32,10 +32,11 @@ pub mod select;
 mod wgpu;
 
 use crate::core::generator::{Draw, Generator, default_generator};
+pub use crate::core::sdp::CausalVariant;
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::Tensor;
 use crate::core::trace::{self, Call};
-use crate::kernels::attention::Shape;
+use crate::kernels::attention::{Causal, Shape};
 use crate::ops::sdpa::params::{SDPAParams, TensorMeta};
 use crate::{DType, Device, Error, Result};
 
@@ -47,8 +48,8 @@ const OP_CPU: &str = "scaled_dot_product_attention on the CPU";
 
 /// The options of one attention call beyond q, k and v. The default has no mask, no
 /// dropout, the default scale, no GQA, the device's default generator, and `is_causal`
-/// false (true inside a `#[sdpa_kernel(causal)]` function: see
-/// [`pin::causal_default`]).
+/// false (true inside a `#[sdpa_kernel(causal)]` function, with the alignment the attribute
+/// names: see [`pin::causal_default`]).
 #[derive(Clone, Copy, Debug)]
 pub struct SdpaOptions<'a> {
     /// Boolean (true takes part) or additive mask, broadcastable to `[B, H, Lq, Lk]`; not
@@ -56,8 +57,11 @@ pub struct SdpaOptions<'a> {
     pub attn_mask: Option<&'a Tensor>,
     /// Dropout probability on the attention weights.
     pub dropout_p: f64,
-    /// Causal masking, top-left aligned: query i sees keys `0..=i`.
+    /// Causal masking, aligned as `causal_variant` says (top-left by default: query i sees
+    /// keys `0..=i`, as PyTorch's `is_causal`).
     pub is_causal: bool,
+    /// Which diagonal the causal mask follows where `is_causal` is set (read only then).
+    pub causal_variant: CausalVariant,
     /// Score scale; `None` is `1 / sqrt(D)`.
     pub scale: Option<f64>,
     /// Grouped-query attention: key/value heads shared by groups of query heads.
@@ -75,10 +79,23 @@ impl Default for SdpaOptions<'_> {
         SdpaOptions {
             attn_mask: None,
             dropout_p: 0.0,
-            is_causal: pin::causal_default(),
+            is_causal: pin::causal_default().is_some(),
+            causal_variant: pin::causal_default().unwrap_or_default(),
             scale: None,
             enable_gqa: false,
             generator: None,
+        }
+    }
+}
+
+impl<'a> SdpaOptions<'a> {
+    /// These options with PyTorch's `attn_mask=causal_lower_right(Lq, Lk)`: causal,
+    /// bottom-right aligned.
+    pub fn causal_lower_right(self) -> Self {
+        SdpaOptions {
+            is_causal: true,
+            causal_variant: CausalVariant::LowerRight,
+            ..self
         }
     }
 }
@@ -112,6 +129,7 @@ pub fn scaled_dot_product_attention(
         attn_mask,
         dropout_p,
         is_causal,
+        causal_variant: CausalVariant::UpperLeft,
         scale,
         enable_gqa,
         generator: None,
@@ -137,6 +155,7 @@ pub fn params(query: &Tensor, key: &Tensor, value: &Tensor, options: &SdpaOption
         attn_mask: options.attn_mask.map(meta),
         dropout: options.dropout_p,
         is_causal: options.is_causal,
+        causal_variant: options.causal_variant,
         enable_gqa: options.enable_gqa,
     }
 }
@@ -328,6 +347,38 @@ struct Job<'a> {
     out_shape: Vec<usize>,
     /// The generator's draw for dropout (`None` without dropout).
     dropout: Option<Draw>,
+}
+
+/// The causal diagonal of `job` as a 32-bit kernel argument (0 when not causal), or a typed
+/// error where it or a length does not fit in an `i32` (the kernels compare signed).
+fn diag_arg(op: &'static str, job: &Job) -> Result<i32> {
+    let Some(causal) = job.causal() else {
+        return Ok(0);
+    };
+    let fits = |x: isize| i32::try_from(x).ok();
+    match (
+        fits(causal.diag),
+        fits(job.shape.lq as isize),
+        fits(job.shape.lk as isize),
+    ) {
+        (Some(diag), Some(_), Some(_)) => Ok(diag),
+        _ => Err(Error::ShapeMismatch {
+            op,
+            detail: format!(
+                "causal attention of {} queries over {} keys exceeds the kernels' 32-bit                  positions; split the call",
+                job.shape.lq, job.shape.lk
+            ),
+        }),
+    }
+}
+
+impl Job<'_> {
+    /// The call's causal mask as the kernels take it, or `None`.
+    fn causal(&self) -> Option<Causal> {
+        self.options
+            .is_causal
+            .then(|| Causal::new(self.options.causal_variant, self.shape.lq, self.shape.lk))
+    }
 }
 
 /// Any float tensor's elements as f64, row-major.

@@ -42,8 +42,10 @@ pub struct SDPAParams {
     pub attn_mask: Option<TensorMeta>,
     /// Dropout probability.
     pub dropout: f64,
-    /// Causal (top-left aligned) masking.
+    /// Causal masking.
     pub is_causal: bool,
+    /// Which diagonal the causal mask follows (read only with `is_causal`).
+    pub causal_variant: super::CausalVariant,
     /// Grouped-query attention: key/value heads shared by groups of query heads.
     pub enable_gqa: bool,
 }

@@ -1,5 +1,6 @@
 //! What `#[sdpa_kernel(...)]` sets for a function body: the backend list (as the
-//! [`super::backend::sdpa_kernel_scoped`] guard), the default of `is_causal`, and, when the attribute
+//! [`super::backend::sdpa_kernel_scoped`] guard), the default of `is_causal` and its
+//! alignment, and, when the attribute
 //! names a single variant, that variant pinned so that calls matching it skip the
 //! selection walk. The settings are thread-scoped (an `async fn`'s follow its future from
 //! poll to poll), never process-wide.
@@ -12,10 +13,10 @@ use super::select::{DeviceCaps, check, runtime_disabled, validate, warn_all};
 use crate::core::flag::{Flag, FlagGuard, FlagValue, ScopedGuard};
 use crate::core::sdp::SdpBackend;
 use crate::core::sdp::Verdict;
-use crate::kernels::rules::DeviceKind;
-use crate::kernels::{ENTRIES, KernelEntry, KernelKey, MaskKind, lookup};
+use crate::kernels::rules::{self, DeviceKind};
+use crate::kernels::{KernelEntry, KernelKey, MaskKind, lookup};
 use crate::ops::sdpa::params::SDPAParams;
-use crate::{DType, Error, Result};
+use crate::{CausalVariant, DType, Error, Result};
 
 /// One attention variant fixed at compile time by `#[sdpa_kernel]`: the backend, the
 /// device kind, and the call's dtype, head dim, causal flag and mask kind, with the
@@ -30,8 +31,8 @@ pub struct Pin {
     pub dtype: DType,
     /// The head dimension of q, k and v (at most 4095).
     pub head_dim: u32,
-    /// Whether calls are causal.
-    pub causal: bool,
+    /// Whether calls are causal, and in which alignment.
+    pub causal: Option<CausalVariant>,
     /// The kind of mask calls pass.
     pub mask: MaskKind,
     /// The dispatch-table entry (flash and memory-efficient on a GPU).
@@ -58,25 +59,47 @@ impl Pin {
             && [&p.query, &p.key, &p.value]
                 .iter()
                 .all(|t| t.shape.last() == Some(&d))
-            && p.is_causal == self.causal
+            && self.causal == p.is_causal.then_some(p.causal_variant)
             && mask == self.mask
     }
 
-    // Bits: backend (3, +1 so that 0 is "no pin"), device (2), dtype (3), causal (1),
-    // mask (2), head dim (12), entry index + 1 (9).
+    /// The generated kernel of a pin of these fields: the one `#[sdpa_kernel]` names
+    /// (none on the CPU).
+    pub fn kernel_of(
+        backend: SdpBackend,
+        device: DeviceKind,
+        dtype: DType,
+        head_dim: u32,
+        causal: Option<CausalVariant>,
+        mask: MaskKind,
+    ) -> Option<KernelKey> {
+        if device == DeviceKind::Cpu {
+            return None;
+        }
+        let elem = dtype.elem()?;
+        rules::kernel_key(
+            backend.into(),
+            elem,
+            head_dim as usize,
+            causal.is_some(),
+            mask,
+        )
+    }
+
+    // Bits: backend (3, +1 so that 0 is "no pin"), device (2), dtype (3), causal (2: none,
+    // upper-left, lower-right), mask (2), head dim (12). The kernel follows from them.
     fn encode(&self) -> u32 {
-        let entry = self
-            .entry()
-            .and_then(|e| ENTRIES.iter().position(|x| std::ptr::eq(x, e)))
-            .filter(|&i| i < 511)
-            .map_or(0, |i| i as u32 + 1);
+        let causal = match self.causal {
+            None => 0,
+            Some(CausalVariant::UpperLeft) => 1,
+            Some(CausalVariant::LowerRight) => 2,
+        };
         (self.backend.to_bits() + 1)
             | (self.device as u32) << 3
             | self.dtype.to_bits() << 5
-            | u32::from(self.causal) << 8
-            | (self.mask.code()) << 9
-            | self.head_dim.min(4095) << 11
-            | entry << 23
+            | causal << 8
+            | (self.mask.code()) << 10
+            | self.head_dim.min(4095) << 12
     }
 
     fn decode(bits: u32) -> Option<Pin> {
@@ -84,18 +107,21 @@ impl Pin {
         let device =
             [DeviceKind::Cpu, DeviceKind::Wgpu, DeviceKind::Cuda][(bits >> 3 & 3) as usize % 3];
         let mask =
-            [MaskKind::None, MaskKind::Bool, MaskKind::Additive][(bits >> 9 & 3) as usize % 3];
-        let entry = (bits >> 23)
-            .checked_sub(1)
-            .and_then(|i| ENTRIES.get(i as usize));
+            [MaskKind::None, MaskKind::Bool, MaskKind::Additive][(bits >> 10 & 3) as usize % 3];
+        let causal = [
+            None,
+            Some(CausalVariant::UpperLeft),
+            Some(CausalVariant::LowerRight),
+        ][(bits >> 8 & 3) as usize % 3];
+        let (dtype, head_dim) = (DType::from_bits(bits >> 5 & 7), bits >> 12 & 4095);
         Some(Pin {
             backend,
             device,
-            dtype: DType::from_bits(bits >> 5 & 7),
-            head_dim: bits >> 11 & 4095,
-            causal: bits >> 8 & 1 == 1,
+            dtype,
+            head_dim,
+            causal,
             mask,
-            kernel: entry.map(|e| e.key),
+            kernel: Pin::kernel_of(backend, device, dtype, head_dim, causal, mask),
         })
     }
 }
@@ -103,13 +129,19 @@ impl Pin {
 /// The pinned variant in force (0: none).
 static PIN: Flag<u32> = Flag::new("attention.pinned_kernel", 0, None);
 
-/// The default of `is_causal` for [`crate::SdpaOptions::default`].
-static CAUSAL_DEFAULT: Flag<bool> = Flag::new("attention.causal_default", false, None);
+/// The default of `is_causal` and its alignment for [`crate::SdpaOptions::default`]: 0 not
+/// causal, 1 upper-left, 2 lower-right.
+static CAUSAL_DEFAULT: Flag<u32> = Flag::new("attention.causal_default", 0, None);
 
-/// Whether calls in this scope are causal unless they say otherwise (set by
-/// `#[sdpa_kernel(causal)]`; read by [`crate::SdpaOptions::default`]).
-pub fn causal_default() -> bool {
-    CAUSAL_DEFAULT.get()
+/// Whether calls in this scope are causal unless they say otherwise, and in which
+/// alignment (set by `#[sdpa_kernel(causal)]` or `#[sdpa_kernel(causal = lower_right)]`;
+/// read by [`crate::SdpaOptions::default`]).
+pub fn causal_default() -> Option<CausalVariant> {
+    match CAUSAL_DEFAULT.get() {
+        1 => Some(CausalVariant::UpperLeft),
+        2 => Some(CausalVariant::LowerRight),
+        _ => None,
+    }
 }
 
 /// What one `#[sdpa_kernel(...)]` attribute sets for its function body: only `backends`
@@ -123,8 +155,8 @@ pub struct SdpaKernelScope {
     pub backends: &'static [SdpBackend],
     /// Whether the list order is the priority order.
     pub set_priority: bool,
-    /// The default of `is_causal` in the body.
-    pub causal: bool,
+    /// The default of `is_causal` (and its alignment) in the body.
+    pub causal: Option<CausalVariant>,
     /// The pinned variant, if the attribute names one.
     pub pin: Option<Pin>,
 }
@@ -135,7 +167,12 @@ impl SdpaKernelScope {
     #[must_use = "the settings end when the guard drops"]
     pub fn enter(&self) -> ScopedGuard {
         let mut guard: ScopedGuard = only(self.backends, self.set_priority);
-        guard.push(&CAUSAL_DEFAULT, self.causal);
+        let causal = match self.causal {
+            None => 0,
+            Some(CausalVariant::UpperLeft) => 1,
+            Some(CausalVariant::LowerRight) => 2,
+        };
+        guard.push(&CAUSAL_DEFAULT, causal);
         guard.push(&PIN, self.pin.map_or(0, |p| p.encode()));
         guard
     }
@@ -199,34 +236,43 @@ mod tests {
 
     #[test]
     fn pins_round_trip_through_bits() {
-        let key = crate::kernels::rules::kernel_key(
-            crate::kernels::rules::Backend::Flash,
-            crate::kernels::Elem::F16,
-            64,
-            true,
-            MaskKind::None,
-        );
+        let causal = Some(CausalVariant::LowerRight);
+        let pin = |backend, device, dtype, head_dim, causal, mask| Pin {
+            backend,
+            device,
+            dtype,
+            head_dim,
+            causal,
+            mask,
+            kernel: Pin::kernel_of(backend, device, dtype, head_dim, causal, mask),
+        };
         for pin in [
-            Pin {
-                backend: SdpBackend::Flash,
-                device: DeviceKind::Wgpu,
-                dtype: DType::F16,
-                head_dim: 64,
-                causal: true,
-                mask: MaskKind::None,
-                kernel: key,
-            },
-            Pin {
-                backend: SdpBackend::Math,
-                device: DeviceKind::Cpu,
-                dtype: DType::F64,
-                head_dim: 4095,
-                causal: false,
-                mask: MaskKind::Additive,
-                kernel: None,
-            },
+            pin(
+                SdpBackend::Flash,
+                DeviceKind::Wgpu,
+                DType::F16,
+                64,
+                causal,
+                MaskKind::None,
+            ),
+            pin(
+                SdpBackend::MemEfficient,
+                DeviceKind::Cuda,
+                DType::F32,
+                100,
+                Some(CausalVariant::UpperLeft),
+                MaskKind::None,
+            ),
+            pin(
+                SdpBackend::Math,
+                DeviceKind::Cpu,
+                DType::F64,
+                4095,
+                None,
+                MaskKind::Additive,
+            ),
         ] {
-            assert!(pin.entry().is_some() == pin.kernel.is_some());
+            assert_eq!(pin.entry().is_some(), pin.device != DeviceKind::Cpu);
             assert_eq!(Pin::decode(pin.encode()), Some(pin));
         }
         assert_eq!(Pin::decode(0), None);

@@ -2,7 +2,7 @@
 //! reasons, the priority walk, and PyTorch's "No available kernel" error.
 
 use super::pin::Pin;
-use crate::core::sdp::{Reason, SdpBackend, Verdict, title};
+use crate::core::sdp::{CausalVariant, Reason, SdpBackend, Verdict, title};
 use crate::kernels::rules;
 use crate::ops::sdpa::params::{SDPAParams, TensorMeta};
 use crate::{DType, Device, Error, Result};
@@ -282,8 +282,18 @@ pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reas
     if p.attn_mask.is_some() && !rules::takes_mask(b, target.kind) {
         reasons.push(Reason::AttnMask);
     }
-    if p.is_causal && lq != lk && !rules::causal_any_lengths(b, target.kind) {
-        reasons.push(Reason::CausalNonSquare { lq, lk });
+    if p.is_causal && lq != lk {
+        let refused = match p.causal_variant {
+            CausalVariant::UpperLeft => !rules::causal_any_lengths(b, target.kind),
+            CausalVariant::LowerRight => !rules::causal_lower_right(b),
+        };
+        if refused {
+            reasons.push(Reason::CausalNonSquare {
+                lq,
+                lk,
+                variant: p.causal_variant,
+            });
+        }
     }
     if gqa_heads(p) && !rules::takes_gqa(b) {
         reasons.push(Reason::Gqa);

@@ -1,6 +1,6 @@
 //! Flash and memory-efficient attention on wgpu through the generated WGSL kernels.
 
-use super::{Job, SdpaOutput, broadcast_strides};
+use super::{Job, SdpaOutput, broadcast_strides, diag_arg};
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
@@ -102,7 +102,7 @@ pub(super) fn wgpu_fused(
         .map(u32_of)
         .collect::<Result<Vec<u32>>>()?;
     words.push((scale as f32).to_bits());
-    words.push(0);
+    words.push(diag_arg("scaled_dot_product_attention on wgpu", job)?.cast_unsigned());
     for t in [q, k, v] {
         for x in strides(t) {
             words.push(u32_of(x)?);

@@ -19,6 +19,9 @@ fn f() {}
 #[backends::sdpa_kernel(math = 1)]
 fn g() {}
 
+#[backends::sdpa_kernel(math, causal = diagonal)]
+fn h() {}
+
 fn main() {
     a();
     b();
@@ -27,4 +30,5 @@ fn main() {
     e();
     f();
     g();
+    h();
 }

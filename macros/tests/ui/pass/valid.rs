@@ -6,7 +6,7 @@ use std::task::{Context, Poll, Waker};
 
 use backends::attention::{SdpBackend, pinned};
 use backends::cuda::flash_sdp_enabled;
-use backends::{Device, Result, SdpaOptions, Tensor, sdpa, sdpa_kernel};
+use backends::{CausalVariant, Device, Result, SdpaOptions, Tensor, sdpa, sdpa_kernel};
 
 #[sdpa_kernel(flash, causal)]
 fn on_cuda_rules() -> bool {
@@ -36,6 +36,18 @@ fn cpu_any_head_dim(q: &Tensor) -> Result<SdpBackend> {
     Ok(sdpa(q, q, q, &SdpaOptions::default())?.backend)
 }
 
+#[sdpa_kernel(flash, math, causal = lower_right, device = cpu)]
+fn decoding_step(q: &Tensor, kv: &Tensor) -> Result<Vec<f32>> {
+    let options = SdpaOptions::default();
+    assert!(options.is_causal && options.causal_variant == CausalVariant::LowerRight);
+    sdpa(q, kv, kv, &options)?.output.to_vec::<f32>()
+}
+
+#[sdpa_kernel(flash, dtype = f16, head_dim = 64, causal = lower_right, device = wgpu)]
+fn pinned_lower_right() -> Option<Option<CausalVariant>> {
+    pinned().map(|p| p.causal)
+}
+
 struct Model;
 
 impl Model {
@@ -58,6 +70,13 @@ fn main() {
     assert!(flash_sdp_enabled());
     assert_eq!(pinned_on_cuda(), Some(128));
     assert!(pinned_on_wgpu());
+    assert_eq!(pinned_lower_right(), Some(Some(CausalVariant::LowerRight)));
+    // One query against three keys, bottom-right: it sees all three (top-left: only the first).
+    let one = Tensor::from_vec(vec![1f32, 0.0], &[1, 1, 1, 2], Device::Cpu).unwrap();
+    let keys = Tensor::from_vec(vec![1f32, 0.0, 0.0, 1.0, 2.0, 2.0], &[1, 1, 3, 2], Device::Cpu)
+        .unwrap();
+    let out = decoding_step(&one, &keys).unwrap();
+    assert!(out[0] > 1.0 && out[1] > 1.0, "{out:?}");
     assert_eq!(pinned(), None);
     cudnn_on_hopper();
     let q64 = Tensor::from_vec(vec![0.25f64; 2 * 4 * 8], &[1, 2, 4, 8], Device::Cpu).unwrap();
