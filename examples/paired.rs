@@ -11,7 +11,9 @@
 //! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
 //! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
-//! with bias, the fast path). Inputs are made once per distinct line.
+//! with bias, the fast path). Inputs are made once per distinct line. A line `threads <n>`
+//! sets the thread count of the calls after it (and prints 0), so that one process can
+//! alternate thread counts call by call.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
 
 use std::io::{BufRead, Write};
@@ -147,6 +149,11 @@ fn main() -> Result<()> {
     let stdout = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
         let line = line?;
+        if let Some(count) = line.strip_prefix("threads ") {
+            backends::set_num_threads(count.trim().parse()?)?;
+            writeln!(stdout.lock(), "0")?;
+            continue;
+        }
         if current.as_ref().is_none_or(|(seen, _)| *seen != line) {
             current = Some((line.clone(), parse(&line)?));
         }

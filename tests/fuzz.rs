@@ -19,14 +19,16 @@ use backends::{
 };
 use common::{attention_reference, in_child, rel_err};
 
-/// Seeds whose cases once failed; they run first, every time, in every case. So far each
-/// failure was the test's own (a check too strict, or a test allocating gigabytes); the
-/// library's defects the fuzzing found are reproduced by name in `tests/robustness.rs`.
+/// Seeds whose cases once failed; they run first, every time, in every case. The
+/// library's defects the fuzzing found earlier are reproduced by name in
+/// `tests/robustness.rs`; the others here were the test's own (a check too strict, or a
+/// test allocating gigabytes), or a change caught before it landed.
 const REGRESSIONS: &[u64] = &[
     125_010_206, // matmul [2^32, 0] x [0]: a 16 GiB output of zeros, which the test skips
     132_009_851, // sdpa at head dim 1: an output that cancels, measured against |v|
     196_004_129, // matmul: a reference over a shape whose product wraps
     5_002_156,   // full(1, [2^53, 3, 0, 5]): empty, its strides fit, so it is allocated
+    20_261_263_792_447, // sdpa decoding at a value dim of 0: a panic in the split-KV change
 ];
 
 /// A small seeded generator (splitmix64).

@@ -432,6 +432,86 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
     }
 }
 
+/// Decoding with fewer key/value head groups than threads: each group's keys are split into
+/// runs computed in parallel and combined by their log-sum-exps (named in the trace), with
+/// GQA, bottom-right causal rows, masks read from each run's first key, f32 and bf16.
+#[test]
+fn split_key_decoding_matches_the_reference() {
+    let _t = backends::NUM_THREADS.guard_scoped(4);
+    let one_group = |c: Case| Case { b: 1, hk: 1, ..c };
+    let cases = [
+        one_group(Case {
+            h: 1,
+            ..case(1, 4100, 64)
+        }),
+        one_group(Case {
+            h: 4,
+            ..case(1, 4500, 128)
+        }),
+        lower_right(one_group(Case {
+            h: 2,
+            ..case(3, 4097, 32)
+        })),
+        one_group(Case {
+            h: 2,
+            mask: Some(true),
+            ..case(2, 4200, 64)
+        }),
+        one_group(Case {
+            h: 1,
+            mask: Some(false),
+            ..case(1, 4096, 16)
+        }),
+    ];
+    for c in cases {
+        let what = (c.lq, c.lk, c.d, c.h, c.lower_right, c.mask);
+        for dtype in [DType::F32, DType::Bf16] {
+            let capture = backends::TraceCapture::start();
+            let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+            let (err, backend) = match dtype {
+                DType::F32 => run::<f32>(c, Device::Cpu),
+                _ => run::<bf16>(c, Device::Cpu),
+            };
+            let lines = capture.take();
+            assert_eq!(backend, SdpBackend::Flash);
+            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            assert!(err < bound, "{dtype} {what:?}: {err}");
+            let vector_level = matches!(
+                backends::cpu::get_cpu_capability(),
+                backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
+            );
+            if vector_level {
+                assert!(
+                    lines.iter().any(|l| l.contains("keys split into")),
+                    "{what:?}: {lines:?}"
+                );
+            }
+        }
+    }
+    // Across runs: a row that sees no key is 0 with lse -inf; a NaN key in one run makes its
+    // rows NaN.
+    let (lq, lk, d) = (2, 4200, 8);
+    let q = tensor::<f32>(&random(lq * d), &[1, 1, lq, d], Device::Cpu);
+    let mut keys = random(lk * d);
+    let v = tensor::<f32>(&random(lk * d), &[1, 1, lk, d], Device::Cpu);
+    let keep: Vec<bool> = (0..lq * lk).map(|e| e >= lk).collect();
+    let mask = Tensor::from_bools(&keep, &[lq, lk], Device::Cpu).unwrap();
+    let k = tensor::<f32>(&keys, &[1, 1, lk, d], Device::Cpu);
+    let options = SdpaOptions {
+        attn_mask: Some(&mask),
+        ..Default::default()
+    };
+    let out = sdpa(&q, &k, &v, &options).unwrap();
+    let (o, lse) = (host(&out.output), host(&out.lse.unwrap()));
+    assert!(o[..d].iter().all(|&x| x == 0.0) && lse[0] == f64::NEG_INFINITY);
+    assert!(o[d..].iter().all(|x| x.is_finite()) && lse[1].is_finite());
+    keys[(lk - 3) * d] = f64::NAN;
+    let k = tensor::<f32>(&keys, &[1, 1, lk, d], Device::Cpu);
+    let out = sdpa(&q, &k, &v, &SdpaOptions::default()).unwrap();
+    let (o, lse) = (host(&out.output), host(&out.lse.unwrap()));
+    assert!(o.iter().chain(&lse).all(|x| x.is_nan()), "{o:?} {lse:?}");
+}
+
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {

@@ -256,13 +256,16 @@ pub fn sdpa(
         (Device::Cpu, SdpBackend::Flash) => {
             let level = crate::runtime::cpu::get_cpu_capability().to_string();
             #[cfg(target_arch = "x86_64")]
-            let kernel = if cpu::decodes(&job) {
-                "decoding kernel, K/V read once per head group"
-            } else {
-                "fused online softmax"
+            let kernel = match (cpu::decodes(&job), cpu::kv_splits(&job)) {
+                (true, 1) => "decoding kernel, K/V read once per head group".to_string(),
+                (true, runs) => format!(
+                    "decoding kernel, K/V read once per head group, keys split into {runs} \
+                     runs combined by their log-sum-exps"
+                ),
+                (false, _) => "fused online softmax".to_string(),
             };
             #[cfg(not(target_arch = "x86_64"))]
-            let kernel = "fused online softmax";
+            let kernel = "fused online softmax".to_string();
             trace::kernel(describe(&format!("{kernel}, {level}")), || {
                 let (output, lse) = cpu::cpu_fused(&job)?;
                 Ok(SdpaOutput {
