@@ -53,6 +53,10 @@ struct CallArgs {
     /// `lower-right` (the last query sees every key: decoding, chunked prefill).
     #[arg(long, num_args = 0..=1, default_missing_value = "upper-left", value_name = "ALIGNMENT")]
     causal: Option<CausalArg>,
+    /// Key/value heads, for grouped-query attention (`enable_gqa`): H must be a multiple of
+    /// it. Default: H (no grouping).
+    #[arg(long, value_name = "N")]
+    kv_heads: Option<usize>,
     /// An attention mask of shape `[Lq, Lk]`: `bool` or `float` (additive).
     #[arg(long)]
     mask: Option<MaskKind>,
@@ -188,6 +192,8 @@ struct Query {
     shape: [usize; 5],
     dtype: backends::DType,
     causal: Option<backends::CausalVariant>,
+    /// Key/value heads (H without grouping).
+    kv_heads: usize,
     mask: Option<MaskKind>,
     dropout: f64,
     device: backends::Device,
@@ -200,6 +206,7 @@ impl Query {
             shape: c.shape,
             dtype: c.dtype,
             causal: c.causal.map(Into::into),
+            kv_heads: c.kv_heads.unwrap_or(c.shape[1]),
             mask: c.mask,
             dropout: c.dropout,
             device: c.device.unwrap_or_else(backends::Device::best),
@@ -213,6 +220,7 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
     use backends::attention::{SdpBackend, sdpa_kernel_scoped};
     use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
     let [b, h, lq, lk, d] = q.shape;
+    let hk = q.kv_heads;
     // The element count of each input, or an error where the shape is too large.
     let count = |dims: &[usize]| -> backends::Result<usize> {
         dims.iter()
@@ -245,8 +253,8 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
     };
     let (qv, kv, vv) = (
         random(count(&[b, h, lq, d])?)?,
-        random(count(&[b, h, lk, d])?)?,
-        random(count(&[b, h, lk, d])?)?,
+        random(count(&[b, hk, lk, d])?)?,
+        random(count(&[b, hk, lk, d])?)?,
     );
     let mask_values: Option<Vec<f64>> = match q.mask {
         // Every row keeps its first key, so that no row is fully masked.
@@ -263,8 +271,8 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
     let inputs = |dtype: DType, device: Device| -> backends::Result<Vec<Tensor>> {
         let mut t = vec![
             Tensor::from_f64(&qv, &[b, h, lq, d], dtype, device)?,
-            Tensor::from_f64(&kv, &[b, h, lk, d], dtype, device)?,
-            Tensor::from_f64(&vv, &[b, h, lk, d], dtype, device)?,
+            Tensor::from_f64(&kv, &[b, hk, lk, d], dtype, device)?,
+            Tensor::from_f64(&vv, &[b, hk, lk, d], dtype, device)?,
         ];
         if let (Some(values), Some(kind)) = (&mask_values, q.mask) {
             let mask_dtype = if matches!(kind, MaskKind::Bool) {
@@ -282,6 +290,7 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
             dropout_p: q.dropout,
             is_causal: q.causal.is_some(),
             causal_variant: q.causal.unwrap_or_default(),
+            enable_gqa: hk != h,
             generator: Some(&backends::Generator::new(7)),
             ..SdpaOptions::default()
         };
@@ -317,7 +326,7 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
     let norm: f64 = reference.iter().map(|r| r * r).sum();
     let flops = 4.0 * (b * h * lq * lk * d) as f64 / if q.causal.is_some() { 2.0 } else { 1.0 };
     Ok(format!(
-        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {}, {}, on {}\n\
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {hk}, {lk}, {d}], {}, {}, on {}\n\
          backend: {}\nrelative error vs float64 math: {:.2e}\ntime: {:.3} ms ({:.3} TFLOP/s)\n",
         q.dtype,
         causal_text(q.causal),
@@ -334,6 +343,7 @@ fn explain(
         shape,
         dtype,
         causal,
+        kv_heads: hk,
         mask,
         dropout,
         device,
@@ -346,8 +356,8 @@ fn explain(
     let meta = |s: &[usize], dt| TensorMeta::contiguous(s, dt, device);
     let params = SDPAParams {
         query: meta(&[b, h, lq, d], dtype),
-        key: meta(&[b, h, lk, d], dtype),
-        value: meta(&[b, h, lk, d], dtype),
+        key: meta(&[b, hk, lk, d], dtype),
+        value: meta(&[b, hk, lk, d], dtype),
         attn_mask: mask.map(|m| {
             meta(
                 &[lq, lk],
@@ -361,10 +371,10 @@ fn explain(
         dropout,
         is_causal: causal.is_some(),
         causal_variant: causal.unwrap_or_default(),
-        enable_gqa: false,
+        enable_gqa: hk != h,
     };
     let mut text = format!(
-        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {h}, {lk}, {d}], {dtype}, {}, on {device}\n",
+        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {hk}, {lk}, {d}], {dtype}, {}, on {device}\n",
         causal_text(causal)
     );
     let mut caps = DeviceCaps::of(device);

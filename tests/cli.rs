@@ -202,6 +202,51 @@ fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
 }
 
 #[test]
+fn kv_heads_make_a_grouped_query_call() {
+    let args = [
+        "--shape",
+        "1,8,3,300,32",
+        "--kv-heads",
+        "2",
+        "--device",
+        "cpu",
+    ];
+    let text = run(
+        &[&["sdpa"][..], &args, &["--causal", "lower-right"]].concat(),
+        &[],
+    );
+    assert!(text.contains("k/v [1, 2, 300, 32]"), "{text}");
+    let err: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("relative error vs float64 math: "))
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no error line in {text}"));
+    assert!(err < 1e-5, "{text}");
+    // explain plans the same call: GQA rules out the backends without it.
+    let text = run(&[&["explain"][..], &args].concat(), &[]);
+    assert!(text.contains("FLASH_ATTENTION: usable"), "{text}");
+    // A head count that does not divide H is the library's typed error.
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args([
+            "sdpa",
+            "--shape",
+            "1,8,1,16,8",
+            "--kv-heads",
+            "3",
+            "--device",
+            "cpu",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("enable_gqa"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
 fn sdpa_reports_bad_input_as_an_error() {
     let output = Command::new(env!("CARGO_BIN_EXE_backends"))
         .args(["sdpa", "--shape", "1,1,4,4,8", "--device", "cuda:7"])
