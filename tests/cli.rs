@@ -172,6 +172,14 @@ fn explain_rejects_a_bad_shape() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("B,H,Lq,Lk,D"));
 }
 
+/// The relative error `backends sdpa` printed in `text`.
+fn relative_error(text: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("relative error vs float64 math: "))
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no error line in {text}"))
+}
+
 #[test]
 fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
     for (args, backend) in [
@@ -191,12 +199,7 @@ fn sdpa_runs_the_selected_backend_and_checks_it_against_float64_math() {
             _ => "not causal",
         };
         assert!(text.contains(&format!(", {alignment}, on cpu")), "{text}");
-        let err: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("relative error vs float64 math: "))
-            .and_then(|e| e.parse().ok())
-            .unwrap_or_else(|| panic!("no error line in {text}"));
-        assert!(err < 1e-5, "{text}");
+        assert!(relative_error(&text) < 1e-5, "{text}");
         assert!(text.contains(" ms ("), "{text}");
     }
 }
@@ -216,12 +219,7 @@ fn kv_heads_make_a_grouped_query_call() {
         &[],
     );
     assert!(text.contains("k/v [1, 2, 300, 32]"), "{text}");
-    let err: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("relative error vs float64 math: "))
-        .and_then(|e| e.parse().ok())
-        .unwrap_or_else(|| panic!("no error line in {text}"));
-    assert!(err < 1e-5, "{text}");
+    assert!(relative_error(&text) < 1e-5, "{text}");
     // explain plans the same call: GQA rules out the backends without it.
     let text = run(&[&["explain"][..], &args].concat(), &[]);
     assert!(text.contains("FLASH_ATTENTION: usable"), "{text}");

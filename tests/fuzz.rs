@@ -282,6 +282,16 @@ struct Dense {
 }
 
 impl Dense {
+    /// The tensor of `shape` whose element at each index is this one's at that index as
+    /// `source` rewrites it (the reference of a view).
+    fn gathered(&self, shape: Vec<usize>, source: impl Fn(&mut Vec<usize>)) -> Dense {
+        Dense::from_fn(shape, |i| {
+            let mut at = i.to_vec();
+            source(&mut at);
+            self.at(&at)
+        })
+    }
+
     /// The tensor of `shape` whose element at each index is `at(index)`.
     fn from_fn(shape: Vec<usize>, at: impl Fn(&[usize]) -> f64) -> Dense {
         let len = shape.iter().product();
@@ -388,11 +398,7 @@ fn one_view(rng: &mut Rng, t: &Tensor, dense: &Dense) -> Result<Option<(Tensor, 
             let want = (dim < rank && other < rank).then(|| {
                 let mut new = shape.clone();
                 new.swap(dim, other);
-                Dense::from_fn(new, |i| {
-                    let mut at = i.to_vec();
-                    at.swap(dim, other);
-                    dense.at(&at)
-                })
+                dense.gathered(new, |at| at.swap(dim, other))
             });
             (
                 format!("transpose({dim}, {other})"),
@@ -411,11 +417,7 @@ fn one_view(rng: &mut Rng, t: &Tensor, dense: &Dense) -> Result<Option<(Tensor, 
                 (dim < rank && start.checked_add(length).is_some_and(|e| e <= size)).then(|| {
                     let mut new = shape.clone();
                     new[dim] = length;
-                    Dense::from_fn(new, |i| {
-                        let mut at = i.to_vec();
-                        at[dim] += start;
-                        dense.at(&at)
-                    })
+                    dense.gathered(new, |at| at[dim] += start)
                 });
             (
                 format!("narrow({dim}, {start}, {length})"),
@@ -428,11 +430,7 @@ fn one_view(rng: &mut Rng, t: &Tensor, dense: &Dense) -> Result<Option<(Tensor, 
             let want = (dim < rank && index < size).then(|| {
                 let mut new = shape.clone();
                 new.remove(dim);
-                Dense::from_fn(new, |i| {
-                    let mut at = i.to_vec();
-                    at.insert(dim, index);
-                    dense.at(&at)
-                })
+                dense.gathered(new, |at| at.insert(dim, index))
             });
             (
                 format!("select({dim}, {index})"),
@@ -491,10 +489,8 @@ fn one_view(rng: &mut Rng, t: &Tensor, dense: &Dense) -> Result<Option<(Tensor, 
             let want = (at <= rank).then(|| {
                 let mut new = shape.clone();
                 new.insert(at, 1);
-                Dense::from_fn(new, |i| {
-                    let mut index = i.to_vec();
+                dense.gathered(new, |index| {
                     index.remove(at);
-                    dense.at(&index)
                 })
             });
             (format!("unsqueeze({at})"), t.unsqueeze(at), want)
@@ -926,19 +922,9 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
             v,
             [if four { b } else { 1 }, h, hk, lq, lk, d, dv],
             1.0 / (d as f64).sqrt(),
-            causal && !lower_right,
-            &|_, _, i, j| {
-                // Bottom-right: query i sees keys j <= i + lk - lq.
-                if lower_right && j + lq > i + lk {
-                    return f64::NEG_INFINITY;
-                }
-                bias.as_ref().map_or(0.0, |m| m[i * lk + j])
-            },
+            options.is_causal.then_some(options.causal_variant),
+            &|_, _, i, j| bias.as_ref().map_or(0.0, |m| m[i * lk + j]),
         )
-        .into_iter()
-        // A row that sees no key is 0 (PyTorch 2.15's safe softmax).
-        .map(|x| if x.is_nan() { 0.0 } else { x })
-        .collect::<Vec<f64>>()
     };
     let want = reference(&made[2].1);
     let magnitude = reference(&made[2].1.iter().map(|x| x.abs()).collect::<Vec<_>>());

@@ -342,7 +342,7 @@ fn attention_in_interpreter(
         &rv,
         [1, h, hk, lq, lk, d, d],
         scale,
-        causal,
+        causal.then_some(backends::CausalVariant::UpperLeft),
         &bias,
     );
     let got = run_attention(key, dims, causal, mask, None, [&q, &k, &v])?;

@@ -122,10 +122,7 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
     )
     .unwrap();
     assert_eq!(out.output.shape(), [c.b, c.h, c.lq, c.d]);
-    // The bottom-right mask, written out here: query i sees keys j <= i + lk - lq.
-    let hidden_lower_right = |i: usize, j: usize| c.lower_right && j + c.lq > i + c.lk;
     let bias = |_: usize, _: usize, i: usize, j: usize| match c.mask {
-        _ if hidden_lower_right(i, j) => f64::NEG_INFINITY,
         Some(true) if !keep[i * c.lk + j] => f64::NEG_INFINITY,
         Some(false) => additive[i * c.lk + j],
         _ => 0.0,
@@ -136,14 +133,13 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
         &v,
         [c.b, c.h, c.hk, c.lq, c.lk, c.d, c.d],
         1.0 / (c.d as f64).sqrt(),
-        c.causal && !c.lower_right,
+        c.causal.then_some(if c.lower_right {
+            CausalVariant::LowerRight
+        } else {
+            CausalVariant::UpperLeft
+        }),
         &bias,
     );
-    // A row that sees no key (bottom-right with lq > lk) is NaN there and 0 in PyTorch 2.15.
-    let want: Vec<f64> = want
-        .into_iter()
-        .map(|x| if x.is_nan() { 0.0 } else { x })
-        .collect();
     let got = host(&out.output);
     assert!(
         got.iter().all(|x| x.is_finite()),
@@ -243,8 +239,8 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
         let masks: [(Tensor, Box<Bias>); 3] = [
             (
                 tensor::<f32>(&per_row, &[lq, 1], Device::Cpu),
-                // A row's constant shifts nothing; the hidden rows are checked apart.
-                Box::new(|_, _, i, _| if hidden(i) { 0.0 } else { per_row[i] }),
+                // A row's constant shifts nothing; the hidden rows are 0.
+                Box::new(|_, _, i, _| per_row[i]),
             ),
             (
                 tensor::<f32>(&transposed, &[lk, lq], Device::Cpu)
@@ -276,17 +272,9 @@ fn cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys() {
                 &v,
                 [b, h, h, lq, lk, d, d],
                 1.0 / (d as f64).sqrt(),
-                false,
+                None,
                 bias,
             );
-            let mut want = want;
-            if mask.shape()[1] == 1 {
-                for (e, x) in want.iter_mut().enumerate() {
-                    if hidden(e / d % lq) {
-                        *x = 0.0;
-                    }
-                }
-            }
             let err = rel_err(&host(&out.output), &want);
             assert!(
                 err < 1e-5,
@@ -401,34 +389,41 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
         mask: Some(false),
         ..case(4, 77, 128)
     });
-    let vector_level = matches!(
-        backends::cpu::get_cpu_capability(),
-        backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
-    );
     for c in cases {
-        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
-        for dtype in [DType::F32, DType::Bf16] {
-            let capture = backends::TraceCapture::start();
-            let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
-            let (err, backend) = match dtype {
-                DType::F32 => run::<f32>(c, Device::Cpu),
-                _ => run::<bf16>(c, Device::Cpu),
-            };
-            let lines = capture.take();
-            assert_eq!(backend, SdpBackend::Flash);
-            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-            assert!(err < bound, "{dtype} {what:?}: {err}");
-            if vector_level {
-                assert!(
-                    lines.iter().any(|l| l.contains("decoding kernel")),
-                    "{what:?}: {lines:?}"
-                );
-            }
-        }
+        decodes_within_bounds(c, "decoding kernel");
     }
     // Rows that see no key give zeros and -inf, as on the other kernels.
     for d in [8, 64] {
         fully_masked_row::<f32>(d, Device::Cpu);
+    }
+}
+
+/// Runs decoding case `c` on the CPU in f32 and bf16 against the reference (bounds 1e-5 and
+/// 1e-2), on the fused path, with `trace` in its trace where the CPU has a vector level the
+/// decoding kernel runs on.
+fn decodes_within_bounds(c: Case, trace: &str) {
+    let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
+    let vector_level = matches!(
+        backends::cpu::get_cpu_capability(),
+        backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
+    );
+    for dtype in [DType::F32, DType::Bf16] {
+        let capture = backends::TraceCapture::start();
+        let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let (err, backend) = match dtype {
+            DType::F32 => run::<f32>(c, Device::Cpu),
+            _ => run::<bf16>(c, Device::Cpu),
+        };
+        let lines = capture.take();
+        assert_eq!(backend, SdpBackend::Flash);
+        let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        assert!(err < bound, "{dtype} {what:?}: {err}");
+        if vector_level {
+            assert!(
+                lines.iter().any(|l| l.contains(trace)),
+                "{what:?}: {lines:?}"
+            );
+        }
     }
 }
 
@@ -464,29 +459,7 @@ fn split_key_decoding_matches_the_reference() {
         }),
     ];
     for c in cases {
-        let what = (c.lq, c.lk, c.d, c.h, c.lower_right, c.mask);
-        for dtype in [DType::F32, DType::Bf16] {
-            let capture = backends::TraceCapture::start();
-            let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
-            let (err, backend) = match dtype {
-                DType::F32 => run::<f32>(c, Device::Cpu),
-                _ => run::<bf16>(c, Device::Cpu),
-            };
-            let lines = capture.take();
-            assert_eq!(backend, SdpBackend::Flash);
-            let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-            assert!(err < bound, "{dtype} {what:?}: {err}");
-            let vector_level = matches!(
-                backends::cpu::get_cpu_capability(),
-                backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
-            );
-            if vector_level {
-                assert!(
-                    lines.iter().any(|l| l.contains("keys split into")),
-                    "{what:?}: {lines:?}"
-                );
-            }
-        }
+        decodes_within_bounds(c, "keys split into");
     }
     // Across runs: a row that sees no key is 0 with lse -inf; a NaN key in one run makes its
     // rows NaN.
@@ -756,7 +729,7 @@ fn zero_sized_dimensions() {
                 &v,
                 [1, 2, 2, lq, lk, d, dv],
                 1.0,
-                false,
+                None,
                 &|_, _, _, _| 0.0,
             );
             assert!(

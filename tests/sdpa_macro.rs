@@ -151,7 +151,7 @@ fn a_pinned_cpu_variant_runs_and_matches_the_selected_path() {
         &v[2],
         [1, 2, 2, 33, 33, 32, 32],
         1.0 / 32f64.sqrt(),
-        true,
+        Some(backends::CausalVariant::UpperLeft),
         &|_, _, _, _| 0.0,
     );
     let got: Vec<f64> = out
@@ -208,7 +208,7 @@ fn a_pinned_wgpu_variant_runs_its_table_entry() {
         &v[2],
         [1, 2, 2, 17, 17, 64, 64],
         0.125,
-        false,
+        None,
         &|_, _, _, _| 0.0,
     );
     let got: Vec<f64> = out

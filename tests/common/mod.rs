@@ -58,7 +58,9 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
 }
 
 /// Attention in f64: q `[b, h, lq, d]`, k `[b, hk, lk, d]`, v `[b, hk, lk, dv]` (row-major),
-/// an additive bias `bias(b, h, i, j)`, top-left causal masking, grouped heads.
+/// an additive bias `bias(b, h, i, j)`, causal masking in either alignment (written out
+/// here: query i sees keys j <= i top-left, j <= i + lk - lq bottom-right), grouped heads.
+/// A row that sees no key is 0, as PyTorch 2.15's safe softmax gives.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_reference(
     q: &[f64],
@@ -66,9 +68,10 @@ pub fn attention_reference(
     v: &[f64],
     dims: [usize; 7],
     scale: f64,
-    causal: bool,
+    causal: Option<backends::CausalVariant>,
     bias: &dyn Fn(usize, usize, usize, usize) -> f64,
 ) -> Vec<f64> {
+    use backends::CausalVariant::{LowerRight, UpperLeft};
     let [b_n, h_n, hk_n, lq, lk, d, dv] = dims;
     let mut out = vec![0.0; b_n * h_n * lq * dv];
     for b in 0..b_n {
@@ -77,7 +80,12 @@ pub fn attention_reference(
             for i in 0..lq {
                 let mut w: Vec<f64> = (0..lk)
                     .map(|j| {
-                        if causal && j > i {
+                        let hidden = match causal {
+                            Some(UpperLeft) => j > i,
+                            Some(LowerRight) => j + lq > i + lk,
+                            None => false,
+                        };
+                        if hidden {
                             return f64::NEG_INFINITY;
                         }
                         let dot: f64 = (0..d)
@@ -90,6 +98,9 @@ pub fn attention_reference(
                     })
                     .collect();
                 let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                if max == f64::NEG_INFINITY {
+                    continue; // no visible key: the row stays 0
+                }
                 let sum: f64 = w.iter().map(|x| (x - max).exp()).sum();
                 for x in &mut w {
                     *x = (*x - max).exp() / sum;

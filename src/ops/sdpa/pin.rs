@@ -63,41 +63,41 @@ impl Pin {
             && mask == self.mask
     }
 
-    /// The generated kernel of a pin of these fields: the one `#[sdpa_kernel]` names
-    /// (none on the CPU).
-    pub fn kernel_of(
+    /// The pin of these fields, with the generated kernel that serves it: the one
+    /// `#[sdpa_kernel]` names (none on the CPU).
+    pub fn new(
         backend: SdpBackend,
         device: DeviceKind,
         dtype: DType,
         head_dim: u32,
         causal: Option<CausalVariant>,
         mask: MaskKind,
-    ) -> Option<KernelKey> {
-        if device == DeviceKind::Cpu {
-            return None;
-        }
-        let elem = dtype.elem()?;
-        rules::kernel_key(
-            backend.into(),
-            elem,
-            head_dim as usize,
-            causal.is_some(),
+    ) -> Pin {
+        let kernel = (device != DeviceKind::Cpu)
+            .then(|| dtype.elem())
+            .flatten()
+            .and_then(|elem| {
+                let d = head_dim as usize;
+                rules::kernel_key(backend.into(), elem, d, causal.is_some(), mask)
+            });
+        Pin {
+            backend,
+            device,
+            dtype,
+            head_dim,
+            causal,
             mask,
-        )
+            kernel,
+        }
     }
 
     // Bits: backend (3, +1 so that 0 is "no pin"), device (2), dtype (3), causal (2: none,
     // upper-left, lower-right), mask (2), head dim (12). The kernel follows from them.
     fn encode(&self) -> u32 {
-        let causal = match self.causal {
-            None => 0,
-            Some(CausalVariant::UpperLeft) => 1,
-            Some(CausalVariant::LowerRight) => 2,
-        };
         (self.backend.to_bits() + 1)
             | (self.device as u32) << 3
             | self.dtype.to_bits() << 5
-            | causal << 8
+            | causal_code(self.causal) << 8
             | (self.mask.code()) << 10
             | self.head_dim.min(4095) << 12
     }
@@ -108,40 +108,47 @@ impl Pin {
             [DeviceKind::Cpu, DeviceKind::Wgpu, DeviceKind::Cuda][(bits >> 3 & 3) as usize % 3];
         let mask =
             [MaskKind::None, MaskKind::Bool, MaskKind::Additive][(bits >> 10 & 3) as usize % 3];
-        let causal = [
-            None,
-            Some(CausalVariant::UpperLeft),
-            Some(CausalVariant::LowerRight),
-        ][(bits >> 8 & 3) as usize % 3];
-        let (dtype, head_dim) = (DType::from_bits(bits >> 5 & 7), bits >> 12 & 4095);
-        Some(Pin {
+        Some(Pin::new(
             backend,
             device,
-            dtype,
-            head_dim,
-            causal,
+            DType::from_bits(bits >> 5 & 7),
+            bits >> 12 & 4095,
+            causal_of_code(bits >> 8 & 3),
             mask,
-            kernel: Pin::kernel_of(backend, device, dtype, head_dim, causal, mask),
-        })
+        ))
+    }
+}
+
+/// A causal setting as 2 bits: 0 not causal, 1 upper-left, 2 lower-right.
+fn causal_code(causal: Option<CausalVariant>) -> u32 {
+    match causal {
+        None => 0,
+        Some(CausalVariant::UpperLeft) => 1,
+        Some(CausalVariant::LowerRight) => 2,
+    }
+}
+
+/// The causal setting of [`causal_code`]'s bits.
+fn causal_of_code(code: u32) -> Option<CausalVariant> {
+    match code {
+        1 => Some(CausalVariant::UpperLeft),
+        2 => Some(CausalVariant::LowerRight),
+        _ => None,
     }
 }
 
 /// The pinned variant in force (0: none).
 static PIN: Flag<u32> = Flag::new("attention.pinned_kernel", 0, None);
 
-/// The default of `is_causal` and its alignment for [`crate::SdpaOptions::default`]: 0 not
-/// causal, 1 upper-left, 2 lower-right.
+/// The default of `is_causal` and its alignment for [`crate::SdpaOptions::default`], as
+/// [`causal_code`] writes it.
 static CAUSAL_DEFAULT: Flag<u32> = Flag::new("attention.causal_default", 0, None);
 
 /// Whether calls in this scope are causal unless they say otherwise, and in which
 /// alignment (set by `#[sdpa_kernel(causal)]` or `#[sdpa_kernel(causal = lower_right)]`;
 /// read by [`crate::SdpaOptions::default`]).
 pub fn causal_default() -> Option<CausalVariant> {
-    match CAUSAL_DEFAULT.get() {
-        1 => Some(CausalVariant::UpperLeft),
-        2 => Some(CausalVariant::LowerRight),
-        _ => None,
-    }
+    causal_of_code(CAUSAL_DEFAULT.get())
 }
 
 /// What one `#[sdpa_kernel(...)]` attribute sets for its function body: only `backends`
@@ -167,12 +174,7 @@ impl SdpaKernelScope {
     #[must_use = "the settings end when the guard drops"]
     pub fn enter(&self) -> ScopedGuard {
         let mut guard: ScopedGuard = only(self.backends, self.set_priority);
-        let causal = match self.causal {
-            None => 0,
-            Some(CausalVariant::UpperLeft) => 1,
-            Some(CausalVariant::LowerRight) => 2,
-        };
-        guard.push(&CAUSAL_DEFAULT, causal);
+        guard.push(&CAUSAL_DEFAULT, causal_code(self.causal));
         guard.push(&PIN, self.pin.map_or(0, |p| p.encode()));
         guard
     }
@@ -237,15 +239,7 @@ mod tests {
     #[test]
     fn pins_round_trip_through_bits() {
         let causal = Some(CausalVariant::LowerRight);
-        let pin = |backend, device, dtype, head_dim, causal, mask| Pin {
-            backend,
-            device,
-            dtype,
-            head_dim,
-            causal,
-            mask,
-            kernel: Pin::kernel_of(backend, device, dtype, head_dim, causal, mask),
-        };
+        let pin = Pin::new;
         for pin in [
             pin(
                 SdpBackend::Flash,
