@@ -6,7 +6,9 @@
 //! call as `a @ b` does) or `sdpa <f32|bf16> <head dim> <length> <causal 0|1>` (B = 2,
 //! H = 16; a sixth word `mask` adds an additive `[2, 1, length, length]` mask), `linear <f32|bf16> <m> <k> <n> <plain|t>` (`[m, k] x [k, n]`, the right side
 //! a plain matrix or the transposed view of an `[n, k]` weight, as `x @ W.t()`),
-//! `decode <f32|bf16> <heads> <kv heads> <keys> <head dim>` (one query row per head, B = 1)
+//! `decode <f32|bf16> <heads> <kv heads> <keys> <head dim>` (one query row per head, B = 1),
+//! `paged <f32|bf16> <heads> <kv heads> <keys> <head dim> <block size>` (the same decoding
+//! step over a paged cache of those keys, its block table shuffled; `sdpa_paged`),
 //! `fft <f32|f64> <fft|rfft|fft2> <dims...>` (the transform of a signal of shape `dims`,
 //! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
@@ -20,7 +22,9 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use backends::mha::{MhaOptions, MhaWeights, multi_head_attention_forward};
-use backends::{DType, Device, SdpaOptions, Tensor, einsum, fft, matmul, sdpa};
+use backends::{
+    DType, Device, PagedKv, SdpaOptions, Tensor, einsum, fft, matmul, sdpa, sdpa_paged,
+};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -33,6 +37,7 @@ enum Work {
     Einsum(String, Vec<Tensor>),
     /// Input, heads, then the in- and out-projection weights and biases.
     Mha(Tensor, usize, [Tensor; 4]),
+    Paged([Tensor; 3], Vec<usize>, usize),
 }
 
 /// Values in [-1, 1) without a random generator (the timing does not depend on them).
@@ -95,6 +100,25 @@ fn parse(line: &str) -> Result<Work> {
                 ],
                 false,
                 None,
+            ))
+        }
+        Some(&"paged") => {
+            let (h, hk, lk, d) = (number(2)?, number(3)?, number(4)?, number(5)?);
+            let block = number(6)?;
+            let blocks = lk.div_ceil(block.max(1));
+            // A fixed shuffle of the blocks: block i of the sequence is cache block
+            // (i * 7919) mod blocks where that is a permutation, else i.
+            let stride = if blocks % 7919 == 0 { 1 } else { 7919 };
+            let table: Vec<usize> = (0..blocks).map(|i| (i * stride) % blocks).collect();
+            let cache = [blocks, block, hk, d];
+            Ok(Work::Paged(
+                [
+                    filled(&[1, h, 1, d], dtype, 1)?,
+                    filled(&cache, dtype, 2)?,
+                    filled(&cache, dtype, 3)?,
+                ],
+                table,
+                lk,
             ))
         }
         Some(&"fft") => {
@@ -169,6 +193,19 @@ fn main() -> Result<()> {
                     ..Default::default()
                 };
                 drop(sdpa(q, k, v, &options)?);
+            }
+            Work::Paged([q, key_cache, value_cache], table, keys) => {
+                let cache = PagedKv {
+                    key_cache,
+                    value_cache,
+                    block_table: table,
+                    seq_lens: &[*keys],
+                };
+                let options = SdpaOptions {
+                    enable_gqa: q.shape()[1] != key_cache.shape()[2],
+                    ..Default::default()
+                };
+                drop(sdpa_paged(q, &cache, &options)?);
             }
             Work::Fft(transform, x) => drop(transform(x)?),
             Work::Einsum(equation, operands) => {

@@ -138,6 +138,11 @@ for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
             works.append((f"decode {name} H=32 Hk={hk} Lk={lk} D=128 (GFLOP/s)",
                           f"decode {name} 32 {hk} {lk} 128", 4 * 32 * lk * 128 / 1e9,
                           lambda t=dtype, hk=hk, lk=lk: torch_decode(getattr(torch, t), 32, hk, lk, 128)))
+    # Ours over a paged cache (blocks of 16, table shuffled), PyTorch over the same keys
+    # made contiguous.
+    works.append((f"paged decode {name} H=32 Hk=8 Lk=8192 D=128 block 16 (GFLOP/s)",
+                  f"paged {name} 32 8 8192 128 16", 4 * 32 * 8192 * 128 / 1e9,
+                  lambda t=dtype: torch_decode(getattr(torch, t), 32, 8, 8192, 128)))
 
 # FFTs, f32: 5 n log2 n FLOPs per complex transform of n points (half for real input).
 import math

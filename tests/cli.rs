@@ -245,6 +245,133 @@ fn kv_heads_make_a_grouped_query_call() {
 }
 
 #[test]
+fn window_makes_a_sliding_window_call() {
+    for (args, masking) in [
+        (
+            &["--causal", "--window", "16,0"][..],
+            "causal_upper_left, window left 16, right 0",
+        ),
+        (
+            &["--causal", "lower-right", "--window", "5,-1"][..],
+            "causal_lower_right, window left 5, right unbounded",
+        ),
+        (
+            &["--window", "-1,3"][..],
+            "not causal, window left unbounded, right 3",
+        ),
+    ] {
+        let mut all = vec!["sdpa", "--shape", "1,2,70,90,32", "--device", "cpu"];
+        all.extend_from_slice(args);
+        let text = run(&all, &[]);
+        assert!(text.contains(masking), "{text}");
+        assert!(text.contains("backend: FLASH_ATTENTION"), "{text}");
+        assert!(relative_error(&text) < 1e-5, "{text}");
+    }
+    // explain names cuDNN's refusal; a malformed window is refused with the form to use.
+    let text = run(
+        &[
+            "explain",
+            "--shape",
+            "1,2,70,90,32",
+            "--dtype",
+            "bf16",
+            "--device",
+            "cuda",
+            "--sm",
+            "9.0",
+            "--window",
+            "8,8",
+        ],
+        &[],
+    );
+    assert!(
+        text.contains("CUDNN_ATTENTION: does not support a sliding window"),
+        "{text}"
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args(["sdpa", "--shape", "1,1,4,4,8", "--window", "8"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("LEFT,RIGHT"), "{stderr}");
+}
+
+#[test]
+fn varlen_and_paged_make_serving_calls() {
+    let text = run(
+        &[
+            "sdpa",
+            "--device",
+            "cpu",
+            "--shape",
+            "1,4,0,0,32",
+            "--varlen",
+            "17,70,5",
+            "--causal",
+            "lower-right",
+        ],
+        &[],
+    );
+    assert!(text.contains("SDPA varlen [17, 70, 5], H 4"), "{text}");
+    assert!(relative_error(&text) < 1e-5, "{text}");
+    let text = run(
+        &[
+            "sdpa",
+            "--device",
+            "cpu",
+            "--shape",
+            "3,8,1,300,32",
+            "--kv-heads",
+            "2",
+            "--paged",
+            "16",
+            "--window",
+            "100,0",
+            "--causal",
+            "lower-right",
+        ],
+        &[],
+    );
+    assert!(
+        text.contains("3 sequences of 300 tokens in blocks of 16"),
+        "{text}"
+    );
+    assert!(relative_error(&text) < 1e-5, "{text}");
+    // explain names the backend serving calls run and why one cannot.
+    let text = run(
+        &[
+            "explain",
+            "--device",
+            "cpu",
+            "--shape",
+            "1,4,0,0,32",
+            "--varlen",
+            "3,9",
+            "--dtype",
+            "f64",
+        ],
+        &[],
+    );
+    assert!(text.contains("selected for sdpa_varlen: none"), "{text}");
+    let output = Command::new(env!("CARGO_BIN_EXE_backends"))
+        .args([
+            "sdpa",
+            "--shape",
+            "1,1,4,4,8",
+            "--device",
+            "cpu",
+            "--paged",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("backends sdpa:"), "{stderr}");
+}
+
+#[test]
 fn sdpa_reports_bad_input_as_an_error() {
     let output = Command::new(env!("CARGO_BIN_EXE_backends"))
         .args(["sdpa", "--shape", "1,1,4,4,8", "--device", "cuda:7"])

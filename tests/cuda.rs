@@ -12,7 +12,9 @@ use backends::attention::SdpBackend;
 use backends::cuda::matmul as flags;
 use backends::cuda::{self, BlasBackend};
 use backends::kernels::ENTRIES;
-use backends::{CausalVariant, DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
+use backends::{
+    CausalVariant, DType, Device, Fp32Precision, SdpaOptions, Tensor, Window, matmul, sdpa,
+};
 use common::{attention_reference, random, reference, rel_err};
 
 /// Device 0, or `None` after printing why not.
@@ -232,6 +234,7 @@ fn attention_error(
     dtype: DType,
     [b, h, hk, lq, lk, dim]: [usize; 6],
     causal: Option<CausalVariant>,
+    window: Window,
     mask: Option<DType>,
 ) -> (f64, SdpBackend) {
     let device = Device::Cuda(d);
@@ -249,11 +252,14 @@ fn attention_error(
         attn_mask: mask_tensor.as_ref(),
         is_causal: causal.is_some(),
         causal_variant: causal.unwrap_or_default(),
+        window,
         enable_gqa: h != hk,
         ..Default::default()
     };
     let out = sdpa(&q, &k, &v, &options).unwrap();
+    let variant = causal.unwrap_or_default();
     let bias = |_: usize, _: usize, i: usize, j: usize| match mask {
+        _ if common::window_hides(window, variant, (lq, lk), i, j) => f64::NEG_INFINITY,
         Some(DType::Bool) if !keep[i * lk + j] => f64::NEG_INFINITY,
         Some(DType::Bool) | None => 0.0,
         Some(_) => additive_held[i * lk + j],
@@ -285,7 +291,8 @@ fn flash_attention_matches_the_reference() {
             [1, 1, 1, 33, 33, 256],
         ] {
             for causal in [None, Some(CausalVariant::UpperLeft)] {
-                let (err, backend) = attention_error(d, dtype, dims, causal, None);
+                let (err, backend) =
+                    attention_error(d, dtype, dims, causal, Window::UNBOUNDED, None);
                 assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
                 assert!(err < 1e-2, "{dtype} {dims:?} causal={causal:?}: {err}");
             }
@@ -293,9 +300,32 @@ fn flash_attention_matches_the_reference() {
         // Bottom-right causal masks with Lq != Lk (flash refuses top-left ones, as PyTorch).
         for dims in [[1, 2, 2, 17, 90, 64], [1, 4, 2, 90, 17, 64]] {
             let causal = Some(CausalVariant::LowerRight);
-            let (err, backend) = attention_error(d, dtype, dims, causal, None);
+            let (err, backend) = attention_error(d, dtype, dims, causal, Window::UNBOUNDED, None);
             assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
             assert!(err < 1e-2, "{dtype} {dims:?} lower-right: {err}");
+        }
+        // Sliding windows: causal local attention, and a band on both sides (the causal
+        // kernel takes both edges).
+        for (dims, causal, window) in [
+            (
+                [1, 2, 2, 150, 150, 64],
+                Some(CausalVariant::UpperLeft),
+                Window::new(Some(20), Some(0)),
+            ),
+            (
+                [1, 2, 1, 40, 200, 64],
+                Some(CausalVariant::LowerRight),
+                Window::new(Some(70), None),
+            ),
+            (
+                [1, 2, 2, 130, 130, 32],
+                None,
+                Window::new(Some(9), Some(30)),
+            ),
+        ] {
+            let (err, backend) = attention_error(d, dtype, dims, causal, window, None);
+            assert_eq!(backend, SdpBackend::Flash, "{dims:?}");
+            assert!(err < 1e-2, "{dtype} {dims:?} {causal:?} {window}: {err}");
         }
     }
 }
@@ -319,11 +349,66 @@ fn memory_efficient_attention_matches_the_reference() {
             // The widest variant (head dims up to 256).
             ([1, 1, 1, 17, 23, 200], None, Some(DType::Bool)),
         ] {
-            let (err, backend) = attention_error(d, dtype, dims, causal, mask);
+            let (err, backend) = attention_error(d, dtype, dims, causal, Window::UNBOUNDED, mask);
+            assert_eq!(backend, SdpBackend::MemEfficient, "{dims:?}");
+            assert!(err < bound, "{dtype} {dims:?} {mask:?}: {err}");
+        }
+        // Sliding windows with a mask, and with the bottom-right causal mask.
+        for (dims, causal, window, mask) in [
+            (
+                [1, 2, 2, 70, 90, 64],
+                None,
+                Window::new(Some(9), Some(9)),
+                Some(dtype),
+            ),
+            (
+                [1, 2, 2, 30, 140, 64],
+                lower,
+                Window::new(Some(50), None),
+                None,
+            ),
+        ] {
+            let (err, backend) = attention_error(d, dtype, dims, causal, window, mask);
             assert_eq!(backend, SdpBackend::MemEfficient, "{dims:?}");
             assert!(err < bound, "{dtype} {dims:?} {mask:?}: {err}");
         }
     }
+}
+
+/// Serving calls on CUDA: the memory-efficient kernel reads the sequence table (packed
+/// offsets, or a paged cache's lengths and shuffled block table), with GQA, both causal
+/// alignments and a window, f32 and bf16, against each sequence's float64 reference.
+#[test]
+fn serving_calls_read_the_sequence_table() {
+    use common::serving::{Masking, NONE, paged_error, varlen_error};
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    let causal = |variant| Masking {
+        causal: Some(variant),
+        ..NONE
+    };
+    let windowed = Masking {
+        window: Window::new(Some(9), Some(0)),
+        ..causal(CausalVariant::LowerRight)
+    };
+    for masking in [NONE, causal(CausalVariant::UpperLeft), windowed] {
+        let err = varlen_error::<f32>(
+            &[17, 40, 0, 5],
+            &[17, 40, 0, 5],
+            (4, 2, 32),
+            masking,
+            device,
+        );
+        assert!(err < 2e-5, "varlen {masking:?}: {err}");
+        let (err, lines) = paged_error::<f32>(&[70, 0, 33], (4, 2, 2, 32, 16), masking, device);
+        assert!(err < 2e-5, "paged {masking:?}: {err}");
+        assert!(
+            lines.iter().any(|l| l.contains("sequence table")),
+            "{lines:?}"
+        );
+    }
+    let err = varlen_error::<half::bf16>(&[3, 30], &[40, 31], (2, 1, 64), windowed, device);
+    assert!(err < 1e-2, "bf16 chunked varlen: {err}");
 }
 
 /// `contiguous()` of views on CUDA (2-, 4- and 8-byte elements) runs the strided-copy
@@ -491,7 +576,7 @@ fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
             ([1, 2, 2, 50, 20, 128], false),
         ] {
             let causal = causal.then_some(CausalVariant::UpperLeft);
-            let (err, backend) = attention_error(d, dtype, dims, causal, None);
+            let (err, backend) = attention_error(d, dtype, dims, causal, Window::UNBOUNDED, None);
             assert_eq!(backend, SdpBackend::Cudnn, "{dims:?}");
             assert!(err < 1e-2, "{dtype} {dims:?} causal={causal:?}: {err}");
         }
@@ -503,7 +588,14 @@ fn cudnn_attention_matches_the_reference_and_returns_the_log_sum_exp() {
                 ..Default::default()
             });
             let causal = Some(CausalVariant::UpperLeft);
-            let (err, backend) = attention_error(d, dtype, [1, 3, 3, 96, 96, 64], causal, None);
+            let (err, backend) = attention_error(
+                d,
+                dtype,
+                [1, 3, 3, 96, 96, 64],
+                causal,
+                Window::UNBOUNDED,
+                None,
+            );
             assert_eq!(backend, SdpBackend::Cudnn);
             assert!(err < 1e-2, "{dtype} with benchmark: {err}");
         }
@@ -702,12 +794,26 @@ fn older_gpus_run_the_kernels_built_for_them_and_fall_back_for_the_rest() {
     }
     for dtype in [DType::F16, DType::F32] {
         let causal = Some(CausalVariant::UpperLeft);
-        let (err, backend) = attention_error(0, dtype, [1, 2, 2, 33, 40, 64], causal, None);
+        let (err, backend) = attention_error(
+            0,
+            dtype,
+            [1, 2, 2, 33, 40, 64],
+            causal,
+            Window::UNBOUNDED,
+            None,
+        );
         assert_eq!(backend, SdpBackend::MemEfficient, "sm_{sm} {dtype}");
         assert!(err < 1e-2, "sm_{sm} {dtype}: {err}");
     }
     // bf16 kernels need sm_80: math serves, on the host.
-    let (err, backend) = attention_error(0, DType::Bf16, [1, 2, 2, 17, 17, 64], None, None);
+    let (err, backend) = attention_error(
+        0,
+        DType::Bf16,
+        [1, 2, 2, 17, 17, 64],
+        None,
+        Window::UNBOUNDED,
+        None,
+    );
     assert_eq!(backend, SdpBackend::Math, "sm_{sm} bf16");
     assert!(err < 1e-2, "sm_{sm} bf16: {err}");
 }

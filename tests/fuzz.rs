@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
 use backends::mha::{self, MhaOptions, MhaWeights};
 use backends::{
-    CausalVariant, DType, Device, SdpaOptions, Tensor, einsum, einsum_path, fft, matmul, sdpa,
+    CausalVariant, DType, Device, SdpaOptions, Tensor, Window, einsum, einsum_path, fft, matmul,
+    sdpa,
 };
-use common::{attention_reference, in_child, rel_err};
+use common::{attention_reference, in_child, rel_err, window_hides};
 
 /// Seeds whose cases once failed; they run first, every time, in every case. The
 /// library's defects the fuzzing found earlier are reproduced by name in
@@ -867,7 +868,13 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
         _ => (None, None),
     };
     let causal = mask.is_none() && rng.chance(30);
-    let lower_right = causal && rng.chance(50);
+    let window = if rng.chance(20) {
+        let mut side = || rng.chance(70).then(|| rng.below(lk.max(2)));
+        Window::new(side(), side())
+    } else {
+        Window::UNBOUNDED
+    };
+    let lower_right = (causal || window.is_bounded()) && rng.chance(50);
     let dropout = if rng.chance(10) {
         [0.3, 1.0, 1.5, -0.1][rng.below(4)]
     } else {
@@ -882,6 +889,7 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
         } else {
             CausalVariant::UpperLeft
         },
+        window,
         enable_gqa: groups > 1 || rng.chance(10),
         ..SdpaOptions::default()
     };
@@ -923,7 +931,12 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
             [if four { b } else { 1 }, h, hk, lq, lk, d, dv],
             1.0 / (d as f64).sqrt(),
             options.is_causal.then_some(options.causal_variant),
-            &|_, _, i, j| bias.as_ref().map_or(0.0, |m| m[i * lk + j]),
+            &|_, _, i, j| {
+                if window_hides(window, options.causal_variant, (lq, lk), i, j) {
+                    return f64::NEG_INFINITY;
+                }
+                bias.as_ref().map_or(0.0, |m| m[i * lk + j])
+            },
         )
     };
     let want = reference(&made[2].1);
@@ -931,7 +944,8 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
     compared();
     if !close(&got, &want, &magnitude, dt) {
         return Err(format!(
-            "{shapes:?} {dt} mask {:?} causal {causal} lower-right {lower_right}: error {} on {}",
+            "{shapes:?} {dt} mask {:?} causal {causal} lower-right {lower_right} window {window}: \
+             error {} on {}",
             mask.as_ref().map(|m| m.dtype()),
             rel_err(&got, &want),
             out.backend

@@ -190,22 +190,25 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Gemm => [n(B64, 3), n(B32, 6), n(B64, 8)].concat(),
         // partials, C; M, N, batch, splits; c_batch, c_row.
         Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
-        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; diag; 12 strides; dropout_p, seed.
+        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; lo, hi, lower_right; 12 strides; dropout_p,
+        // seed.
         Family::FlashFwd => [
             n(B64, 5),
             n(B32, 4),
-            vec![F32, B32],
+            vec![F32, B32, B32, B32],
             n(B64, 12),
             vec![F64, B64],
         ]
         .concat(),
-        // q, k, v, mask, o, lse; H, Hk, Lq, Lk, D; scale; causal, diag; 16 strides; dropout_p,
-        // seed.
+        // q, k, v, mask, o, lse; H, Hk, Lq, Lk, D; scale; band, lo, hi, lower_right; 16
+        // strides; seq; seqs, seq_k, table, per_seq, block; lse_b, lse_h; dropout_p, seed.
         Family::MemEffFwd => [
             n(B64, 6),
             n(B32, 5),
-            vec![F32, B32, B32],
-            n(B64, 16),
+            vec![F32, B32, B32, B32, B32],
+            n(B64, 17),
+            n(B32, 5),
+            n(B64, 2),
             vec![F64, B64],
         ]
         .concat(),
@@ -213,11 +216,12 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Scale => vec![B64, B64, F64],
         // src, dst; n, offset; 8 sizes; 8 strides.
         Family::StridedCopy => [n(B64, 2), n(B64, 18)].concat(),
-        // s, mask, p; H, Lq, Lk; scale; causal, diag; 4 mask strides; dropout_p, seed.
+        // s, mask, p; H, Lq, Lk; scale; band, lo, hi, lower_right; 4 mask strides;
+        // dropout_p, seed.
         Family::MaskedSoftmax => [
             n(B64, 3),
             n(B32, 3),
-            vec![F32, B32, B32],
+            vec![F32, B32, B32, B32, B32],
             n(B64, 4),
             vec![F64, B64],
         ]

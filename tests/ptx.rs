@@ -316,13 +316,21 @@ enum Mask<'a> {
     Add(&'a [f64]),
 }
 
+/// The band of a causal mask, top-left aligned: key j visible to query i when
+/// `i - lq <= j <= i` (the kernels' `lo`, `hi`).
+fn causal_band(lq: usize) -> [i32; 2] {
+    [-(lq as i32), 0]
+}
+
 /// One attention launch through the interpreter: q, k, v `[1, H, L, D]` (contiguous, GQA
-/// with `hk` key/value heads), an optional mask `[Lq, Lk]` (broadcast over heads), for the
-/// kernel `key`; returns the output next to the float64 reference of the inputs as rounded.
+/// with `hk` key/value heads), an optional band `[lo, hi]` (key j visible to query i when
+/// `i + lo <= j <= i + hi`: causal, sliding windows), an optional mask `[Lq, Lk]`
+/// (broadcast over heads), for the kernel `key`; returns the output next to the float64
+/// reference of the inputs as rounded.
 fn attention_in_interpreter(
     key: KernelKey,
     dims: (usize, usize, usize, usize, usize),
-    causal: bool,
+    band: Option<[i32; 2]>,
     mask: Option<Mask>,
 ) -> Option<(Vec<f64>, Vec<f64>)> {
     let (h, hk, lq, lk, d) = dims;
@@ -331,21 +339,21 @@ fn attention_in_interpreter(
     let rounded = |x: &[f64]| values_of(&bytes_of(x, elem), elem);
     let (rq, rk, rv) = (rounded(&q), rounded(&k), rounded(&v));
     let scale = 1.0 / (d as f64).sqrt();
+    let outside = |i: usize, j: usize| {
+        band.is_some_and(|[lo, hi]| {
+            let (i, j) = (i as i64, j as i64);
+            j < i + i64::from(lo) || j > i + i64::from(hi)
+        })
+    };
     let bias = |_: usize, _: usize, i: usize, j: usize| match mask {
+        _ if outside(i, j) => f64::NEG_INFINITY,
         Some(Mask::Keep(m)) if !m[i * lk + j] => f64::NEG_INFINITY,
         Some(Mask::Add(m)) => f64::from(m[i * lk + j] as f32),
         _ => 0.0,
     };
-    let want = common::attention_reference(
-        &rq,
-        &rk,
-        &rv,
-        [1, h, hk, lq, lk, d, d],
-        scale,
-        causal.then_some(backends::CausalVariant::UpperLeft),
-        &bias,
-    );
-    let got = run_attention(key, dims, causal, mask, None, [&q, &k, &v])?;
+    let want =
+        common::attention_reference(&rq, &rk, &rv, [1, h, hk, lq, lk, d, d], scale, None, &bias);
+    let got = run_attention(key, dims, band, mask, None, [&q, &k, &v])?;
     Some((got, want))
 }
 
@@ -359,11 +367,12 @@ fn attention_elem(key: KernelKey) -> Elem {
 }
 
 /// Launches attention kernel `key` in the interpreter on q, k, v (`[1, H(k), L, D]`), with an
-/// optional mask and dropout `(p, key)`; returns the output.
+/// optional band `[lo, hi]` (read by the causal flash variants and by memory-efficient
+/// attention), mask and dropout `(p, key)`; returns the output.
 fn run_attention(
     key: KernelKey,
     (h, hk, lq, lk, d): (usize, usize, usize, usize, usize),
-    causal: bool,
+    band: Option<[i32; 2]>,
     mask: Option<Mask>,
     dropout: Option<(f64, u64)>,
     [q, k, v]: [&[f64]; 3],
@@ -393,25 +402,32 @@ fn run_attention(
     let strides = |heads: usize, len: usize| [heads * len * d, len * d, d].map(long);
     let mut params = vec![ptr(q_at), ptr(k_at), ptr(v_at)];
     let flash = matches!(key, KernelKey::FlashFwd(_));
+    // The band as the kernels take it: around the top-left diagonal (lower_right 0).
+    let [lo, hi] = band.unwrap_or([0, 0]);
+    let band_words = [lo, hi, 0].map(|x| x.to_le_bytes().to_vec());
     if flash {
         params.extend([ptr(o_at), ptr(lse_at)]);
         params.extend([h, hk, lq, lk].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
-        params.push(int(0)); // the causal diagonal: top-left
+        params.extend(band_words);
     } else {
         params.extend([ptr(mask_at), ptr(o_at), ptr(lse_at)]);
         params.extend([h, hk, lq, lk, d].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
-        params.push(int(usize::from(causal)));
-        params.push(int(0)); // the causal diagonal: top-left
+        params.push(int(usize::from(band.is_some())));
+        params.extend(band_words);
     }
     params.extend(strides(h, lq));
     params.extend(strides(hk, lk));
     params.extend(strides(hk, lk));
     params.extend(strides(h, lq));
     if !flash {
-        // The mask's [B, H, Lq, Lk] strides: broadcast over batch and heads.
+        // The mask's [B, H, Lq, Lk] strides: broadcast over batch and heads; a dense call
+        // (no sequence table: the kernel reads none); the log-sum-exp [H, Lq].
         params.extend([0, 0, lk, 1].map(long));
+        params.push(ptr(o_at));
+        params.extend([0, 0, 0, 0, 0].map(int));
+        params.extend([h * lq, lq].map(long));
     }
     let (p, seed) = dropout.unwrap_or((0.0, 0));
     params.push(p.to_le_bytes().to_vec());
@@ -443,18 +459,38 @@ fn the_flash_kernels_run_in_the_interpreter() {
             continue;
         }
         let d = key.head_dim as usize;
-        let Some((got, want)) =
-            attention_in_interpreter(entry.key, (4, 2, 33, 33, d), key.causal, None)
-        else {
-            eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
-            return;
+        // The causal variants also take sliding windows: causal local attention, and a
+        // band on both sides whose first rows' keys start past the first key block.
+        let bands = if key.causal {
+            vec![causal_band(33), [-5, 0], [-40, 3]]
+        } else {
+            vec![]
         };
-        let err = rel_err(&got, &want);
-        eprintln!("{}: relative error {err:.1e}", entry.name);
-        assert!(err < 1e-2, "{}: {err}", entry.name);
-        ran += 1;
+        let lengths = |band: &Option<[i32; 2]>| {
+            if band.is_some_and(|b| b[0] == -40) {
+                90
+            } else {
+                33
+            }
+        };
+        for band in std::iter::once(None)
+            .filter(|_| !key.causal)
+            .chain(bands.into_iter().map(Some))
+        {
+            let l = lengths(&band);
+            let Some((got, want)) =
+                attention_in_interpreter(entry.key, (4, 2, l, l, d), band, None)
+            else {
+                eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
+                return;
+            };
+            let err = rel_err(&got, &want);
+            eprintln!("{} band {band:?}: relative error {err:.1e}", entry.name);
+            assert!(err < 1e-2, "{} band {band:?}: {err}", entry.name);
+            ran += 1;
+        }
     }
-    assert!(ran >= 4, "{ran} flash variants ran");
+    assert!(ran >= 4, "{ran} flash runs");
 }
 
 /// Memory-efficient attention: every variant, with a boolean or additive mask, causal with
@@ -471,7 +507,7 @@ fn the_memory_efficient_kernels_run_in_the_interpreter() {
         }
         let d = (key.head_dim_max as usize).min(40);
         let (lq, lk) = (19, 27);
-        // Key 0 stays visible to every query (causal included): no row is fully masked here.
+        // Key 0 stays visible to every query the band lets see it.
         let keep: Vec<bool> = random(lq * lk)
             .iter()
             .enumerate()
@@ -483,17 +519,18 @@ fn the_memory_efficient_kernels_run_in_the_interpreter() {
             backends::kernels::MaskKind::Bool => Some(Mask::Keep(&keep)),
             backends::kernels::MaskKind::Additive => Some(Mask::Add(&additive)),
         };
-        for causal in [false, true] {
+        // Unmasked, causal, and a window of keys i - 6..=i + 2 (rows past 6 lose key 0).
+        for band in [None, Some(causal_band(lq)), Some([-6, 2])] {
             let Some((got, want)) =
-                attention_in_interpreter(entry.key, (2, 1, lq, lk, d), causal, mask)
+                attention_in_interpreter(entry.key, (2, 1, lq, lk, d), band, mask)
             else {
                 eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
                 return;
             };
             let err = rel_err(&got, &want);
-            eprintln!("{} causal {causal}: relative error {err:.1e}", entry.name);
+            eprintln!("{} band {band:?}: relative error {err:.1e}", entry.name);
             let bound = if key.elem == Elem::F32 { 1e-5 } else { 1e-2 };
-            assert!(err < bound, "{} causal {causal}: {err}", entry.name);
+            assert!(err < bound, "{} band {band:?}: {err}", entry.name);
             ran += 1;
         }
     }
@@ -515,7 +552,7 @@ fn a_fully_masked_row_gives_zeros_in_the_interpreter() {
         // Row 2 sees nothing; every other row sees every key.
         let keep: Vec<bool> = (0..lq * lk).map(|e| e / lk != 2).collect();
         let Some((got, want)) =
-            attention_in_interpreter(entry.key, (1, 1, lq, lk, d), false, Some(Mask::Keep(&keep)))
+            attention_in_interpreter(entry.key, (1, 1, lq, lk, d), None, Some(Mask::Keep(&keep)))
         else {
             eprintln!("skipped: no PTX is embedded (NVRTC was absent at build time)");
             return;
@@ -564,7 +601,7 @@ fn dropout_in_the_kernels_keeps_the_weights_the_host_keeps() {
         let Some(got) = run_attention(
             key,
             (h, hk, lq, lk, d),
-            false,
+            None,
             None,
             Some((p, draw.key())),
             [&q, &k, &v],
@@ -598,8 +635,7 @@ fn dropout_in_the_kernels_keeps_the_weights_the_host_keeps() {
         eprintln!("{key:?} with dropout: relative error {err:.1e}");
         assert!(err < bound, "{key:?}: {err}");
         // And the draw mattered: without dropout the output is far from it.
-        let plain =
-            run_attention(key, (h, hk, lq, lk, d), false, None, None, [&q, &k, &v]).unwrap();
+        let plain = run_attention(key, (h, hk, lq, lk, d), None, None, None, [&q, &k, &v]).unwrap();
         assert!(rel_err(&plain, &want) > 10.0 * bound.max(1e-3), "{key:?}");
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
-use backends::{CausalVariant, DType, Device, Element, Error, SdpaOptions, Tensor, sdpa};
+use backends::{CausalVariant, DType, Device, Element, Error, SdpaOptions, Tensor, Window, sdpa};
 use common::{adapter, attention_reference, in_child, random, rel_err};
 use half::{bf16, f16};
 
@@ -52,8 +52,9 @@ struct Case {
     lk: usize,
     d: usize,
     causal: bool,
-    /// With `causal`: bottom-right aligned (`causal_lower_right`).
+    /// The causal mask and the window bottom-right aligned (`causal_lower_right`).
     lower_right: bool,
+    window: Window,
     mask: Option<bool>, // Some(true): boolean, Some(false): additive
 }
 
@@ -67,7 +68,16 @@ fn case(lq: usize, lk: usize, d: usize) -> Case {
         d,
         causal: false,
         lower_right: false,
+        window: Window::UNBOUNDED,
         mask: None,
+    }
+}
+
+/// `c` with a sliding window of `left` keys before and `right` after the diagonal.
+fn windowed(c: Case, left: Option<usize>, right: Option<usize>) -> Case {
+    Case {
+        window: Window::new(left, right),
+        ..c
     }
 }
 
@@ -111,6 +121,7 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
         } else {
             CausalVariant::UpperLeft
         },
+        window: c.window,
         enable_gqa: c.h != c.hk,
         ..Default::default()
     };
@@ -122,7 +133,13 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
     )
     .unwrap();
     assert_eq!(out.output.shape(), [c.b, c.h, c.lq, c.d]);
+    let variant = if c.lower_right {
+        CausalVariant::LowerRight
+    } else {
+        CausalVariant::UpperLeft
+    };
     let bias = |_: usize, _: usize, i: usize, j: usize| match c.mask {
+        _ if common::window_hides(c.window, variant, (c.lq, c.lk), i, j) => f64::NEG_INFINITY,
         Some(true) if !keep[i * c.lk + j] => f64::NEG_INFINITY,
         Some(false) => additive[i * c.lk + j],
         _ => 0.0,
@@ -133,11 +150,7 @@ fn run<T: Element>(c: Case, device: Device) -> (f64, SdpBackend) {
         &v,
         [c.b, c.h, c.hk, c.lq, c.lk, c.d, c.d],
         1.0 / (c.d as f64).sqrt(),
-        c.causal.then_some(if c.lower_right {
-            CausalVariant::LowerRight
-        } else {
-            CausalVariant::UpperLeft
-        }),
+        c.causal.then_some(variant),
         &bias,
     );
     let got = host(&out.output);
@@ -189,7 +202,54 @@ fn shapes() -> Vec<Case> {
         hk: 2,
         ..case(40, 70, 32)
     }));
+    cases.extend(window_cases());
     cases
+}
+
+/// Sliding windows: causal local attention (Mistral's), both sides bounded, one side only,
+/// bottom-right aligned without causal, rows whose window holds no key, with a mask, GQA;
+/// windows narrower and wider than a key block.
+fn window_cases() -> Vec<Case> {
+    vec![
+        windowed(
+            Case {
+                causal: true,
+                ..case(300, 300, 64)
+            },
+            Some(64),
+            Some(0),
+        ),
+        windowed(case(200, 333, 32), Some(10), Some(5)),
+        windowed(case(130, 130, 64), Some(100), None),
+        windowed(case(130, 130, 16), None, Some(0)),
+        windowed(
+            Case {
+                lower_right: true,
+                ..case(37, 300, 64)
+            },
+            Some(40),
+            Some(3),
+        ),
+        windowed(lower_right(case(50, 20, 32)), Some(2), Some(0)),
+        windowed(
+            Case {
+                mask: Some(false),
+                ..case(65, 97, 64)
+            },
+            Some(7),
+            Some(70),
+        ),
+        windowed(
+            Case {
+                h: 4,
+                hk: 2,
+                causal: true,
+                ..case(90, 90, 128)
+            },
+            Some(17),
+            None,
+        ),
+    ]
 }
 
 #[test]
@@ -200,7 +260,7 @@ fn cpu_fused_path_matches_the_reference() {
         assert!(
             err < 1e-5,
             "f32 {:?}: {err}",
-            (c.lq, c.lk, c.d, c.causal, c.lower_right, c.mask)
+            (c.lq, c.lk, c.d, c.causal, c.lower_right, c.window, c.mask)
         );
         // f64 computes in f64, as PyTorch's CPU flash kernel does for it.
         let (err, backend) = run::<f64>(c, Device::Cpu);
@@ -389,6 +449,17 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
         mask: Some(false),
         ..case(4, 77, 128)
     });
+    // A decoding step of a sliding-window model; a window past the keys (no key seen).
+    cases.push(windowed(lower_right(case(2, 300, 64)), Some(100), None));
+    cases.push(windowed(
+        Case {
+            lower_right: true,
+            ..case(3, 90, 32)
+        },
+        Some(5),
+        Some(1),
+    ));
+    cases.push(windowed(case(2, 50, 16), None, Some(0)));
     for c in cases {
         decodes_within_bounds(c, "decoding kernel");
     }
@@ -402,7 +473,17 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
 /// 1e-2), on the fused path, with `trace` in its trace where the CPU has a vector level the
 /// decoding kernel runs on.
 fn decodes_within_bounds(c: Case, trace: &str) {
-    let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
+    let what = (
+        c.lq,
+        c.lk,
+        c.d,
+        c.h,
+        c.hk,
+        c.causal,
+        c.lower_right,
+        c.window,
+        c.mask,
+    );
     let vector_level = matches!(
         backends::cpu::get_cpu_capability(),
         backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
@@ -457,9 +538,26 @@ fn split_key_decoding_matches_the_reference() {
             mask: Some(false),
             ..case(1, 4096, 16)
         }),
+        // Windows: the runs split the window's span, not the whole cache (from key 0, and
+        // from key 2998 of 9000).
+        windowed(one_group(case(1, 9000, 32)), None, Some(5000)),
+        windowed(lower_right(one_group(case(2, 9000, 32))), Some(6000), None),
     ];
     for c in cases {
         decodes_within_bounds(c, "keys split into");
+    }
+    // A window of 1001 keys at the end of a 4200-key cache is one run: its span, not the
+    // cache, is what the threads would share.
+    let capture = backends::TraceCapture::start();
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let (err, _) = run::<f32>(
+        windowed(lower_right(one_group(case(1, 4200, 32))), Some(1000), None),
+        Device::Cpu,
+    );
+    let lines = capture.take();
+    assert!(err < 1e-5, "{err}");
+    if lines.iter().any(|l| l.contains("decoding kernel")) {
+        assert!(!lines.iter().any(|l| l.contains("split")), "{lines:?}");
     }
     // Across runs: a row that sees no key is 0 with lse -inf; a NaN key in one run makes its
     // rows NaN.
@@ -488,7 +586,17 @@ fn split_key_decoding_matches_the_reference() {
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {
-        let what = (c.lq, c.lk, c.d, c.h, c.hk, c.causal, c.lower_right, c.mask);
+        let what = (
+            c.lq,
+            c.lk,
+            c.d,
+            c.h,
+            c.hk,
+            c.causal,
+            c.lower_right,
+            c.window,
+            c.mask,
+        );
         let (err, backend) = run::<bf16>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
         assert!(err < 1e-2, "bf16 {what:?}: {err}");
@@ -757,6 +865,22 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
         },
         lower_right(case(20, 90, 64)),
         lower_right(case(90, 20, 32)),
+        windowed(
+            Case {
+                causal: true,
+                ..case(150, 150, 64)
+            },
+            Some(20),
+            Some(0),
+        ),
+        windowed(
+            Case {
+                lower_right: true,
+                ..case(30, 140, 32)
+            },
+            Some(70),
+            Some(4),
+        ),
     ];
     for c in small {
         let (err, backend) = run::<f32>(c, device);
@@ -776,6 +900,14 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
             causal: true,
             ..case(20, 50, 64)
         },
+        windowed(
+            Case {
+                mask: Some(false),
+                ..case(70, 90, 32)
+            },
+            Some(9),
+            Some(9),
+        ),
     ] {
         let (err, backend) = run::<f32>(c, device);
         assert_eq!(
@@ -811,9 +943,14 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
         assert!(err < 2e-3, "f16: {err}");
     }
     let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
-    let (err, backend) = run::<f32>(case(10, 12, 16), device);
-    assert_eq!(backend, SdpBackend::Math);
-    assert!(err < 1e-5);
+    for c in [
+        case(10, 12, 16),
+        windowed(lower_right(case(10, 30, 16)), Some(4), None),
+    ] {
+        let (err, backend) = run::<f32>(c, device);
+        assert_eq!(backend, SdpBackend::Math);
+        assert!(err < 1e-5, "math {:?}: {err}", c.window);
+    }
 }
 
 #[test]

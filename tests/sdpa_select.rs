@@ -5,7 +5,7 @@ use backends::attention::{
     DeviceCaps, HeadDims, Reason, SdpBackend, sdpa_kernel_scoped, select_with,
 };
 use backends::cuda::{SDPAParams, TensorMeta};
-use backends::{CausalVariant, DType, Device, Error};
+use backends::{CausalVariant, DType, Device, Error, Window};
 
 use SdpBackend::{Cudnn, Flash, Math, MemEfficient};
 
@@ -31,6 +31,7 @@ fn params(
         dropout: 0.0,
         is_causal: false,
         causal_variant: CausalVariant::UpperLeft,
+        window: Window::UNBOUNDED,
         enable_gqa: false,
     }
 }
@@ -212,6 +213,18 @@ fn cases() -> Vec<Case> {
             flash: vec![],
             mem_efficient: vec![],
             cudnn: vec![],
+        },
+        Case {
+            name: "a sliding window: the fused kernels take it, cuDNN's graph does not",
+            params: SDPAParams {
+                window: Window::new(Some(64), Some(0)),
+                ..params(8, 8, 128, 128, 64, DType::F16, cu)
+            },
+            caps: sm80,
+            selected: Flash,
+            flash: vec![],
+            mem_efficient: vec![],
+            cudnn: vec![Reason::Window(Window::new(Some(64), Some(0)))],
         },
         Case {
             name: "grouped-query attention",

@@ -6,8 +6,9 @@
 // `dropout_keep(seed, index)`, the host's decision.
 //
 // Specialisation: KERNEL, T (half_t or bf16_t), HEAD_DIM, WARPS (16 query rows each),
-//   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: key j is hidden from query i when j > i + diag;
-//   diag 0 top-left aligned, Lk - Lq bottom-right)
+//   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: a band, causal mask or sliding window:
+//   key j is visible to query i only when i + diag + lo <= j <= i + diag + hi, diag 0
+//   top-left aligned (`lower_right` 0) or Lk - Lq bottom-right)
 // Launch: grid (ceil(Lq / (16 * WARPS)), B * H), block 32 * WARPS.
 // Layout: q, k, v, o are [B, H(k), L, HEAD_DIM] with the last dimension contiguous and the
 // other strides given; key/value head = h / (H / Hk) (grouped-query attention).
@@ -17,7 +18,7 @@
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, float scale, int diag,
+    int H, int Hk, int Lq, int Lk, float scale, int lo, int hi, int lower_right,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
@@ -52,11 +53,17 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f};
     const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
-    int k_stop = Lk;
+    int k_start = 0, k_stop = Lk;
 #if CAUSAL
-    k_stop = max(0, min(Lk, m0 + BLOCK_M + diag));  // the block's last row sees the most
+    // The band around the diagonal (lengths below 2^28, offsets within 2^29: the host
+    // checks, so these sums fit in int).
+    lo += lower_right ? Lk - Lq : 0;
+    hi += lower_right ? Lk - Lq : 0;
+    // The block's first row sees the earliest keys, its last row the latest.
+    k_start = max(0, m0 + lo) / BLOCK_N * BLOCK_N;
+    k_stop = max(0, min(Lk, m0 + BLOCK_M + hi));
 #endif
-    for (int kb = 0; kb < k_stop; kb += BLOCK_N) {
+    for (int kb = k_start; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
         for (int e = tid; e < BLOCK_N * HEAD_DIM; e += 32 * WARPS) {
             int r = e / HEAD_DIM, c = e % HEAD_DIM;
@@ -98,7 +105,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
                 const int key = kb + 8 * j + 2 * t + (r % 2);
                 bool hidden = key >= Lk;
 #if CAUSAL
-                hidden = hidden || key > row0 + (r / 2) * 8 + diag;
+                const int qi = row0 + (r / 2) * 8;
+                hidden = hidden || key > qi + hi || key < qi + lo;
 #endif
                 s[j][r] = hidden ? NEG_INF : s[j][r] * scale_log2;
                 block_max[r / 2] = fmaxf(block_max[r / 2], s[j][r]);

@@ -1,7 +1,8 @@
 // The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
-// raw scores S = Q K^T, in f32 arithmetic, with causal masking (key j > query i + diag is
-// hidden: diag 0 top-left aligned, Lk - Lq bottom-right) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
-// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
+// raw scores S = Q K^T, in f32 arithmetic, with a band (causal mask, sliding window: with
+// `band` set, key j is visible to query i only when i + diag + lo <= j <= i + diag + hi,
+// diag 0 top-left aligned (`lower_right` 0) or Lk - Lq bottom-right) and an optional
+// mask read through its [B, H, Lq, Lk] strides (0 on broadcast dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
 // score NaN. With
 // dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
 // 1 / (1 - dropout_p)) by `dropout_keep(seed, index)`, the host's decision.
@@ -27,7 +28,7 @@ __device__ __forceinline__ float block_reduce(float x, bool sum, float* scratch)
 
 extern "C" __global__ void __launch_bounds__(THREADS) KERNEL(
     const T* __restrict__ s, const M* __restrict__ mask, T* __restrict__ p,
-    int H, int Lq, int Lk, float scale, int causal, int diag,
+    int H, int Lq, int Lk, float scale, int band, int lo, int hi, int lower_right,
     long long m_b, long long m_h, long long m_q, long long m_k,
     double dropout_p, unsigned long long seed)
 {
@@ -40,9 +41,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) KERNEL(
 #if MASK_KIND
     mask += b * m_b + h * m_h + i * m_q;
 #endif
+    const int diag = lower_right ? Lk - Lq : 0;
+    lo += diag;
+    hi += diag;
     // The masked, scaled score of key j (-inf where hidden).
     auto score = [&](int j) -> float {
-        if (causal && j > i + diag) return NEG_INF;
+        if (band && (j > i + hi || j < i + lo)) return NEG_INF;
 #if MASK_KIND == 1
         if (!mask[j * m_k]) return NEG_INF;
 #endif

@@ -1,7 +1,8 @@
 // Memory-efficient attention forward: O = softmax(Q K^T * scale + mask) V, tiled with an
 // online softmax in fp32 (SIMT), any head dim up to D_MAX, with an optional mask and a
-// run-time causal flag (key j is hidden from query i when j > i + diag: diag 0 top-left
-// aligned, Lk - Lq bottom-right; any Lq, Lk). Writes the natural-log
+// run-time band (causal mask, sliding window: with `band` set, key j is visible to query i
+// only when i + diag + lo <= j <= i + diag + hi, diag 0 top-left aligned (`lower_right`
+// 0) or Lk - Lq bottom-right, each sequence's own lengths; any Lq, Lk). Writes the natural-log
 // log-sum-exp per query row. A query row with no visible key gets O = 0 and lse = -inf.
 // With dropout_p > 0, each weight is kept with probability 1 - dropout_p (scaled by
 // 1 / (1 - dropout_p)) by `dropout_keep(seed, index)`, the host's decision.
@@ -10,6 +11,12 @@
 //   unsigned char and false hides a key, 2 additive: M is T), M, D_MAX, BLOCK_M, BLOCK_N
 // Launch: grid (ceil(Lq / BLOCK_M), B * H), block 128 (128 / BLOCK_M threads per query row).
 // Layout as flash_fwd; the mask is read through its strides (0 on broadcast dimensions).
+// Sequences (`seqs` 1 packed, 2 paged; 0 dense), read from `seq`: packed, sequence b's
+// query rows start at row seq[b] (Lq = seq[b + 1] - seq[b]) and its key rows at
+// seq[seq_k + b] (likewise); paged, its Lk is seq[seq_k + b] and key j lies in cache row
+// seq[table + b * per_seq + j / block] * block + j % block. Lq and Lk then bound the
+// sequences' lengths (the grid), and the log-sum-exp of query i is at
+// b * lse_b + h * lse_h + first query row + i.
 
 #define THREADS 128
 #define TPR (THREADS / BLOCK_M)
@@ -17,12 +24,15 @@
 extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const M* __restrict__ mask, T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, int D, float scale, int causal, int diag,
+    int H, int Hk, int Lq, int Lk, int D, float scale, int band, int lo, int hi,
+    int lower_right,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
     long long o_b, long long o_h, long long o_l,
     long long m_b, long long m_h, long long m_q, long long m_k,
+    const unsigned* __restrict__ seq, int seqs, int seq_k, int table, int per_seq, int block,
+    long long lse_b, long long lse_h,
     double dropout_p, unsigned long long seed)
 {
     __shared__ float Qs[BLOCK_M][D_MAX];
@@ -33,17 +43,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const int tid = threadIdx.x, row = tid / TPR, sub = tid % TPR;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / Hk);
     const int m0 = blockIdx.x * BLOCK_M, qi = m0 + row;
-    q += b * q_b + h * q_h;
+    // This block's sequence: its first query and key rows and its lengths.
+    int q0 = 0, k0 = 0, lq = Lq, lk = Lk;
+    if (seqs == 1) {
+        q0 = seq[b], lq = seq[b + 1] - q0;
+        k0 = seq[seq_k + b], lk = seq[seq_k + b + 1] - k0;
+    } else if (seqs == 2) {
+        lk = seq[seq_k + b];
+    }
+    if (m0 >= lq) return;  // the whole block: before any barrier
+    // The key (cache) row of key j.
+    auto key_row = [&](int j) -> long long {
+        if (seqs == 2) return (long long)seq[table + b * per_seq + j / block] * block + j % block;
+        return k0 + j;
+    };
+    q += b * q_b + h * q_h + q0 * q_l;
     k += b * k_b + hk * k_h;
     v += b * v_b + hk * v_h;
-    o += b * o_b + h * o_h;
+    o += b * o_b + h * o_h + q0 * o_l;
 #if MASK_KIND
-    mask += b * m_b + h * m_h + min(qi, Lq - 1) * m_q;
+    mask += b * m_b + h * m_h + min(qi, lq - 1) * m_q;
 #endif
+    // The band around this sequence's diagonal (lengths below 2^28, offsets within 2^29:
+    // the host checks, so these sums fit in int).
+    const int diag = lower_right ? lk - lq : 0;
+    lo += diag;
+    hi += diag;
 
     for (int e = tid; e < BLOCK_M * D_MAX; e += THREADS) {
         int r = e / D_MAX, c = e % D_MAX;
-        Qs[r][c] = (m0 + r < Lq && c < D) ? to_f32(q[(m0 + r) * q_l + c]) : 0.f;
+        Qs[r][c] = (m0 + r < lq && c < D) ? to_f32(q[(m0 + r) * q_l + c]) : 0.f;
     }
     float acc[D_MAX / TPR];
 #pragma unroll
@@ -51,16 +80,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     float row_max = NEG_INF, row_sum = 0.f;
     const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
 
-    int k_stop = Lk;
-    // The block's last row sees the most keys.
-    if (causal) k_stop = max(0, min(Lk, m0 + BLOCK_M + diag));
-    for (int kb = 0; kb < k_stop; kb += BLOCK_N) {
+    int k_start = 0, k_stop = lk;
+    // The block's first row sees the earliest keys, its last row the latest.
+    if (band) {
+        k_start = max(0, m0 + lo) / BLOCK_N * BLOCK_N;
+        k_stop = max(0, min(lk, m0 + BLOCK_M + hi));
+    }
+    for (int kb = k_start; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
         for (int e = tid; e < BLOCK_N * D_MAX; e += THREADS) {
             int r = e / D_MAX, c = e % D_MAX;
-            bool in = kb + r < Lk && c < D;
-            Ks[r][c] = in ? to_f32(k[(kb + r) * k_l + c]) : 0.f;
-            Vs[r][c] = in ? to_f32(v[(kb + r) * v_l + c]) : 0.f;
+            const bool in = kb + r < lk && c < D;
+            const long long at = in ? key_row(kb + r) : 0;
+            Ks[r][c] = in ? to_f32(k[at * k_l + c]) : 0.f;
+            Vs[r][c] = in ? to_f32(v[at * v_l + c]) : 0.f;
         }
         __syncthreads();
 
@@ -73,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
 #pragma unroll
             for (int d = 0; d < D; ++d) dot = fmaf(Qs[row][d], Ks[j][d], dot);
             float x = dot * scale;
-            bool hidden = key >= Lk || qi >= Lq || (causal && key > qi + diag);
+            bool hidden = key >= lk || qi >= lq || (band && (key > qi + hi || key < qi + lo));
 #if MASK_KIND == 1
             if (!hidden && !mask[key * m_k]) hidden = true;
 #elif MASK_KIND == 2
@@ -113,14 +146,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
         }
     }
 
-    if (qi >= Lq) return;
+    if (qi >= lq) return;
     const float inv = row_sum != 0.f ? 1.f / row_sum : 0.f;  // NaN rows stay NaN
 #pragma unroll
     for (int i = 0; i < D_MAX / TPR; ++i) {
         const int d = sub + TPR * i;
         if (d < D) o[qi * o_l + d] = from_f32<T>(acc[i] * inv);
     }
-    if (sub == 0) lse[(long long)bh * Lq + qi] = row_sum != 0.f ? row_max + __logf(row_sum) : NEG_INF;
+    if (sub == 0)
+        lse[b * lse_b + h * lse_h + q0 + qi] = row_sum != 0.f ? row_max + __logf(row_sum) : NEG_INF;
 }
 
 #undef THREADS

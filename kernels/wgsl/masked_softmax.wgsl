@@ -1,7 +1,8 @@
 // The softmax step of math attention on the device: P = softmax(S * scale + mask) per row of
-// raw scores S = Q K^T, in f32 arithmetic, with causal masking (key j > query i + diag is
-// hidden: diag 0 top-left aligned, Lk - Lq bottom-right) and an optional mask read through its [B, H, Lq, Lk] strides (0 on broadcast
-// dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
+// raw scores S = Q K^T, in f32 arithmetic, with a band (causal mask, sliding window: with
+// `band` set, key j is visible to query i only when i + diag + lo <= j <= i + diag + hi,
+// diag 0 top-left aligned (`lower_right` 0) or Lk - Lq bottom-right) and an optional
+// mask read through its [B, H, Lq, Lk] strides (0 on broadcast dimensions). A row that sees no key gets P = 0 (PyTorch's safe softmax), a row with a NaN
 // score NaN. No dropout:
 // WGSL has no 64-bit integers for the host's dropout draw.
 //
@@ -15,9 +16,9 @@
 
 struct Params {
     rows: u32, H: u32, Lq: u32, Lk: u32,
-    scale: f32, causal: u32, groups_x: u32, m_offset: u32,
+    scale: f32, band: u32, groups_x: u32, m_offset: u32,
     m_b: u32, m_h: u32, m_q: u32, m_k: u32,
-    diag: i32,
+    lo: i32, hi: i32, lower_right: u32,
 }
 
 @group(0) @binding(0) var<storage, read> S: array<T>;
@@ -41,9 +42,14 @@ fn nan() -> f32 {
     return bitcast<f32>(bits);
 }
 
+// The diagonal of the band: 0 top-left aligned, Lk - Lq bottom-right.
+fn diag() -> i32 {
+    return select(0, i32(p.Lk) - i32(p.Lq), p.lower_right != 0u);
+}
+
 // The masked, scaled score of key j of query i in row `base` of S (mask row at `m_base`).
 fn score(base: u32, m_base: u32, i: u32, j: u32) -> f32 {
-    if ((p.causal != 0u && i32(j) > i32(i) + p.diag) || mask_hides(m_base + j * p.m_k)) { return HIDDEN; }
+    if ((p.band != 0u && (i32(j) > i32(i) + diag() + p.hi || i32(j) < i32(i) + diag() + p.lo)) || mask_hides(m_base + j * p.m_k)) { return HIDDEN; }
     return f32(S[base + j]) * p.scale + mask_bias(m_base + j * p.m_k);
 }
 

@@ -204,6 +204,12 @@ pub fn causal_lower_right(backend: Backend) -> bool {
     backend != Backend::Cudnn
 }
 
+/// Whether `backend` takes a sliding window (keys hidden beyond a band around the
+/// diagonal). Our cuDNN graph builds no band mask.
+pub fn takes_window(backend: Backend) -> bool {
+    backend != Backend::Cudnn
+}
+
 /// The generated kernel that serves a wgpu or CUDA call of `backend` with `elem` inputs,
 /// head dimension `head_dim` (padded up to the next built one), causal flag and mask.
 pub fn kernel_key(

@@ -113,6 +113,45 @@ impl CausalVariant {
     }
 }
 
+/// A sliding window over the keys (flash-attn's `window_size`; the local attention of
+/// Mistral-style models): query i sees keys j with `i + diag - left <= j <= i + diag +
+/// right`, where `diag` is the diagonal that [`CausalVariant`] names (0 top-left, the
+/// default; `Lk - Lq` bottom-right, as flash-attn aligns its windows). A side given as
+/// `None` is unbounded. With `is_causal`, keys past the diagonal stay hidden whatever
+/// `right` says. A row whose window holds no key gives 0, as any fully masked row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// How many keys before the diagonal a query sees (`None`: all of them).
+    pub left: Option<usize>,
+    /// How many keys after the diagonal a query sees (`None`: all of them).
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// No window: every key is in reach (the default).
+    pub const UNBOUNDED: Window = Window {
+        left: None,
+        right: None,
+    };
+
+    /// The window of `left` keys before and `right` keys after the diagonal.
+    pub fn new(left: Option<usize>, right: Option<usize>) -> Window {
+        Window { left, right }
+    }
+
+    /// Whether it hides any key (a bound on either side).
+    pub fn is_bounded(self) -> bool {
+        self.left.is_some() || self.right.is_some()
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let side = |s: Option<usize>| s.map_or("unbounded".to_string(), |n| n.to_string());
+        write!(f, "left {}, right {}", side(self.left), side(self.right))
+    }
+}
+
 /// Why a backend cannot serve a call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reason {
@@ -169,6 +208,8 @@ pub enum Reason {
         /// The alignment asked for.
         variant: CausalVariant,
     },
+    /// The backend has no sliding-window mask.
+    Window(Window),
     /// The backend applies no dropout.
     Dropout(f64),
     /// The backend does not do grouped-query attention.
@@ -255,6 +296,10 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "does not support causal_lower_right with query length {lq} != key length {lk} (its causal mask is top-left aligned)"
+            ),
+            Reason::Window(window) => write!(
+                f,
+                "does not support a sliding window; got window {window} (its graph builds no band mask)"
             ),
             Reason::Dropout(p) => write!(f, "does not support dropout; got dropout_p {p}"),
             Reason::Gqa => write!(f, "does not support enable_gqa"),

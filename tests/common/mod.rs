@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod serving;
+
 /// Fresh pseudo-random values in [-1, 1): each call continues one process-wide stream
 /// seeded from the clock, so every run sees new inputs (the seed is printed on failure
 /// through the values' own messages).
@@ -55,6 +57,25 @@ pub fn rel_err(out: &[f64], reference: &[f64]) -> f64 {
         .sum();
     let norm: f64 = reference.iter().map(|r| r * r).sum();
     (diff / norm).sqrt()
+}
+
+/// Whether a sliding window hides key j from query i, written out here from flash-attn's
+/// rule: visible when `i + diag - left <= j <= i + diag + right`, diag 0 top-left and
+/// `lk - lq` bottom-right (an absent side is unbounded).
+pub fn window_hides(
+    window: backends::Window,
+    variant: backends::CausalVariant,
+    (lq, lk): (usize, usize),
+    i: usize,
+    j: usize,
+) -> bool {
+    let diag = match variant {
+        backends::CausalVariant::UpperLeft => 0,
+        backends::CausalVariant::LowerRight => lk as i64 - lq as i64,
+    };
+    let (i, j) = (i as i64, j as i64);
+    window.left.is_some_and(|l| j < i + diag - l as i64)
+        || window.right.is_some_and(|r| j > i + diag + r as i64)
 }
 
 /// Attention in f64: q `[b, h, lq, d]`, k `[b, hk, lk, d]`, v `[b, hk, lk, dv]` (row-major),
@@ -168,20 +189,37 @@ pub fn device_math_error(device: backends::Device) -> f64 {
     use backends::attention::{SdpBackend, sdpa_kernel_scoped};
     use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
     let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
-    // (q shape, kv shape, causal, mask: 0 none, 1 boolean, 2 additive)
-    let cases: [(&[usize], &[usize], _, u8); 8] = [
-        (&[2, 3, 17, 16], &[2, 3, 23, 16], None, 0),
-        (&[1, 2, 9, 8], &[1, 2, 300, 8], None, 1),
-        (&[2, 2, 11, 32], &[2, 2, 11, 32], None, 2),
-        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(UpperLeft), 0),
-        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(LowerRight), 0),
+    let none = backends::Window::UNBOUNDED;
+    let window = backends::Window::new;
+    // (q shape, kv shape, causal, window, mask: 0 none, 1 boolean, 2 additive)
+    let cases: [(&[usize], &[usize], _, _, u8); 10] = [
+        (&[2, 3, 17, 16], &[2, 3, 23, 16], None, none, 0),
+        (&[1, 2, 9, 8], &[1, 2, 300, 8], None, none, 1),
+        (&[2, 2, 11, 32], &[2, 2, 11, 32], None, none, 2),
+        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(UpperLeft), none, 0),
+        (&[1, 2, 7, 16], &[1, 2, 12, 16], Some(LowerRight), none, 0),
         // More queries than keys: the first five rows see none.
-        (&[1, 2, 12, 16], &[1, 2, 7, 16], Some(LowerRight), 0),
-        (&[1, 8, 5, 16], &[1, 2, 40, 16], None, 1),
-        (&[3, 6, 16], &[3, 6, 16], None, 0),
+        (&[1, 2, 12, 16], &[1, 2, 7, 16], Some(LowerRight), none, 0),
+        (&[1, 8, 5, 16], &[1, 2, 40, 16], None, none, 1),
+        (&[3, 6, 16], &[3, 6, 16], None, none, 0),
+        // Sliding windows: causal local attention, both sides with a mask.
+        (
+            &[1, 2, 30, 16],
+            &[1, 2, 30, 16],
+            Some(UpperLeft),
+            window(Some(4), Some(0)),
+            0,
+        ),
+        (
+            &[2, 2, 11, 32],
+            &[2, 2, 20, 32],
+            None,
+            window(Some(3), Some(2)),
+            2,
+        ),
     ];
     let mut worst = 0f64;
-    for (q_shape, kv_shape, causal, mask_kind) in cases {
+    for (q_shape, kv_shape, causal, window, mask_kind) in cases {
         let make = |shape: &[usize], device| {
             let t = Tensor::from_f64(
                 &random(shape.iter().product()),
@@ -219,6 +257,7 @@ pub fn device_math_error(device: backends::Device) -> f64 {
             attn_mask: mask,
             is_causal: causal.is_some(),
             causal_variant: causal.unwrap_or_default(),
+            window,
             enable_gqa: q_shape[q_shape.len() - 3] != kv_shape[kv_shape.len() - 3],
             ..SdpaOptions::default()
         };

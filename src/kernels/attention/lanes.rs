@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::portable::EXP2_POLY;
-use super::{BLOCK_M, BLOCK_N, BlockArgs, Causal, Line, MaskView};
+use super::{BLOCK_M, BLOCK_N, Band, BlockArgs, Line, MaskView};
 use crate::kernels::simd::Vector;
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 
@@ -41,8 +41,9 @@ unsafe fn block_avx2_unchecked(a: BlockArgs) {
 
 /// The vector operations of the online softmax, beyond the shared vocabulary.
 pub(super) trait SoftmaxLanes: Vector {
-    /// -inf in the lanes whose index is below `first_shown`, `x` in the others.
-    unsafe fn hide_below(x: Self, first_shown: f32) -> Self;
+    /// `x` in the lanes whose index l has `first_shown <= l <= last_shown`, -inf in the
+    /// others.
+    unsafe fn hide_outside(x: Self, first_shown: f32, last_shown: f32) -> Self;
     /// `max·log2 e`, 0 where `max` is -inf (rows that have seen no key).
     unsafe fn shift_of(max: Self) -> Self;
     /// e^(s - max) with `shift` = max·log2 e: 2^(s·log2 e - shift) formed by one FMA,
@@ -69,12 +70,13 @@ unsafe fn exp2_fraction<V: Vector>(f: V) -> V {
 #[allow(unsafe_op_in_unsafe_fn)]
 impl SoftmaxLanes for __m512 {
     #[inline(always)]
-    unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+    unsafe fn hide_outside(x: Self, first_shown: f32, last_shown: f32) -> Self {
         let lane = _mm512_setr_ps(
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         );
-        let shown = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, _mm512_set1_ps(first_shown));
-        _mm512_mask_blend_ps(shown, _mm512_set1_ps(f32::NEG_INFINITY), x)
+        let from = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(lane, _mm512_set1_ps(first_shown));
+        let to = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(lane, _mm512_set1_ps(last_shown));
+        _mm512_mask_blend_ps(from & to, _mm512_set1_ps(f32::NEG_INFINITY), x)
     }
     #[inline(always)]
     unsafe fn shift_of(max: Self) -> Self {
@@ -98,10 +100,15 @@ impl SoftmaxLanes for __m512 {
 #[allow(unsafe_op_in_unsafe_fn)]
 impl SoftmaxLanes for __m256 {
     #[inline(always)]
-    unsafe fn hide_below(x: Self, first_shown: f32) -> Self {
+    unsafe fn hide_outside(x: Self, first_shown: f32, last_shown: f32) -> Self {
         let lane = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
-        let shown = _mm256_cmp_ps::<_CMP_GE_OQ>(lane, _mm256_set1_ps(first_shown));
-        _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), x, shown)
+        let from = _mm256_cmp_ps::<_CMP_GE_OQ>(lane, _mm256_set1_ps(first_shown));
+        let to = _mm256_cmp_ps::<_CMP_LE_OQ>(lane, _mm256_set1_ps(last_shown));
+        _mm256_blendv_ps(
+            _mm256_set1_ps(f32::NEG_INFINITY),
+            x,
+            _mm256_and_ps(from, to),
+        )
     }
     #[inline(always)]
     unsafe fn shift_of(max: Self) -> Self {
@@ -157,7 +164,7 @@ unsafe fn block_lanes<
         v,
         rows,
         s,
-        causal,
+        band,
         bias,
         out,
         lse,
@@ -188,9 +195,8 @@ unsafe fn block_lanes<
     // The block's weighted sums with the rows in lanes, `acc_t[x][r]`.
     let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
     let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
-    // The last row sees the most keys.
-    let k_end = causal.map_or(s.lk, |c| c.keys(rows.end.saturating_sub(1), s.lk));
-    for kb in (0..k_end).step_by(BLOCK_N) {
+    let (k_start, k_end) = super::key_span(band, rows.clone(), s.lk);
+    for kb in (k_start..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
         // While the scores are formed, the block's values are fetched into L2, and the
         // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
@@ -222,13 +228,18 @@ unsafe fn block_lanes<
             if row0 >= rows.end {
                 break;
             }
+            let real = (rows.end - row0).min(V::LANES);
             let lanes = Lanes {
                 first: V::LANES * j,
                 row0,
-                real: (rows.end - row0).min(V::LANES),
+                real,
                 kb,
-                // The first row sees the fewest keys.
-                causal: causal.filter(|c| kb + keys > c.keys(row0, s.lk)),
+                // The first row's last visible key is the lanes' earliest, the last row's
+                // first visible key their latest.
+                band: band.filter(|band| {
+                    kb + keys > band.keys(row0, s.lk).end
+                        || kb < band.keys(row0 + real - 1, s.lk).start
+                }),
                 bias,
             };
             // SAFETY: under `V`'s instruction set (the caller's).
@@ -444,14 +455,15 @@ struct Lanes<'a> {
     real: usize,
     /// The key block's first key.
     kb: usize,
-    /// The causal mask where its diagonal crosses this key block for these rows.
-    causal: Option<Causal>,
+    /// The band of visible keys where one of its edges crosses this key block for these
+    /// rows.
+    band: Option<Band>,
     bias: Option<MaskView<'a>>,
 }
 
 /// The online softmax of one key block for one vector of query rows, one row per lane:
-/// `st[c]` holds the scores of key `c` and becomes its weights. Keys after a row's
-/// diagonal (causal) get weight 0, the mask is added; the factors that rescale the
+/// `st[c]` holds the scores of key `c` and becomes its weights. Keys outside a row's
+/// band (causal, window) get weight 0, the mask is added; the factors that rescale the
 /// rows' earlier sums (0 while a row has seen no key) go to `alpha`.
 ///
 /// # Safety
@@ -474,14 +486,17 @@ unsafe fn softmax<V: SoftmaxLanes>(
             if let Some(mask) = lanes.bias {
                 x = V::add(x, mask_values::<V>(mask, lanes, c));
             }
-            if let Some(causal) = lanes.causal {
-                // Key kb + c is visible to row row0 + l when kb + c - row0 - diag <= l (a
-                // small difference where the diagonal crosses the block: exact as a float).
-                let first_shown =
-                    ((lanes.kb + c) as i64 - lanes.row0 as i64 - causal.diag as i64) as f32;
-                x = V::hide_below(x, first_shown);
+            if let Some(band) = lanes.band {
+                // Key kb + c is visible to row row0 + l when kb + c - row0 - hi <= l <=
+                // kb + c - row0 - lo (small differences where an edge crosses the block:
+                // exact as floats; far ones only need their side of 0..LANES).
+                let key = (lanes.kb + c) as isize - lanes.row0 as isize;
+                let lane_of = |edge: isize| key.saturating_sub(edge) as f32;
+                let first_shown = band.hi.map_or(f32::NEG_INFINITY, lane_of);
+                let last_shown = band.lo.map_or(f32::INFINITY, lane_of);
+                x = V::hide_outside(x, first_shown, last_shown);
             }
-            if lanes.bias.is_some() || lanes.causal.is_some() {
+            if lanes.bias.is_some() || lanes.band.is_some() {
                 x.store(at);
             }
             block_max = V::max(block_max, x);

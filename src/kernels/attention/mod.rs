@@ -14,7 +14,7 @@ mod lanes;
 pub(crate) mod portable;
 
 use crate::Tensor;
-use crate::core::sdp::CausalVariant;
+use crate::core::sdp::{CausalVariant, Window};
 
 /// Sizes of one call, with 3-D inputs read as batch 1.
 #[derive(Clone, Copy, Debug)]
@@ -69,32 +69,124 @@ impl MaskView<'_> {
     }
 }
 
-/// A causal mask as the kernels read it: query row i sees keys `0..i + 1 + diag` (clamped
-/// to `0..=Lk`); `diag` is 0 top-left aligned, Lk - Lq bottom-right aligned.
+/// The keys each query row sees under a causal mask and/or a sliding window: key j is
+/// visible to row i when `i + lo <= j <= i + hi`, a bound of `None` being no limit (a
+/// causal mask is `hi = diag`: 0 top-left aligned, Lk - Lq bottom-right).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Causal {
-    pub(crate) diag: isize,
+pub(crate) struct Band {
+    pub(crate) lo: Option<isize>,
+    pub(crate) hi: Option<isize>,
 }
 
-impl Causal {
-    /// The mask of `variant` for `lq` queries against `lk` keys.
-    pub(crate) fn new(variant: CausalVariant, lq: usize, lk: usize) -> Causal {
+impl Band {
+    /// The band of a call of `lq` queries against `lk` keys, causal or not, with `window`
+    /// around the diagonal `variant` names; `None` where every key is visible.
+    pub(crate) fn new(
+        causal: bool,
+        variant: CausalVariant,
+        window: Window,
+        lq: usize,
+        lk: usize,
+    ) -> Option<Band> {
         let diag = match variant {
             CausalVariant::UpperLeft => 0,
             // Both lengths are tensor extents (at most isize::MAX): the difference fits.
             CausalVariant::LowerRight => lk as isize - lq as isize,
         };
-        Causal { diag }
+        let Band { lo, hi } = Band::around_diagonal(causal, window)?;
+        let shift = |edge: isize| diag.saturating_add(edge);
+        Some(Band {
+            lo: lo.map(shift),
+            hi: hi.map(shift),
+        })
     }
 
-    /// How many keys (of `lk`) query row `i` sees.
-    #[inline(always)]
-    pub(crate) fn keys(self, i: usize, lk: usize) -> usize {
-        (i as isize)
-            .saturating_add(1)
-            .saturating_add(self.diag)
-            .clamp(0, lk as isize) as usize
+    /// The band's edges relative to the diagonal (what the GPU kernels take, each sequence
+    /// adding its own diagonal), or `None` where every key is visible.
+    pub(crate) fn around_diagonal(causal: bool, window: Window) -> Option<Band> {
+        let reach = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        let lo = window.left.map(|l| -reach(l));
+        let hi = if causal {
+            Some(0)
+        } else {
+            window.right.map(reach)
+        };
+        (lo.is_some() || hi.is_some()).then_some(Band { lo, hi })
     }
+
+    /// The keys (of `lk`) query row `i` sees.
+    #[inline(always)]
+    pub(crate) fn keys(self, i: usize, lk: usize) -> std::ops::Range<usize> {
+        let at = |offset: isize| (i as isize).saturating_add(offset).clamp(0, lk as isize) as usize;
+        let start = self.lo.map_or(0, at);
+        let end = self.hi.map_or(lk, |hi| at(hi.saturating_add(1)));
+        start..end.max(start)
+    }
+}
+
+/// Where the rows of one head (of q, k or v) lie in their input's elements: row j at
+/// `base + index(first + j) * stride`, `index` the identity, or a paged cache's block
+/// table lookup (row r in block `table[r / block]`, slot `r % block`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rows<'a> {
+    pub(crate) base: usize,
+    pub(crate) stride: usize,
+    pub(crate) first: usize,
+    pub(crate) pages: Option<Pages<'a>>,
+}
+
+/// One sequence's block table: its blocks' indices in the cache, `block` rows each.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pages<'a> {
+    pub(crate) table: &'a [usize],
+    pub(crate) block: usize,
+}
+
+impl Rows<'_> {
+    /// Rows `stride` apart from `base`.
+    pub(crate) fn strided(base: usize, stride: usize) -> Rows<'static> {
+        Rows {
+            base,
+            stride,
+            first: 0,
+            pages: None,
+        }
+    }
+
+    /// These rows with the first `first` skipped.
+    pub(crate) fn skipping(self, first: usize) -> Self {
+        Rows {
+            first: self.first + first,
+            ..self
+        }
+    }
+
+    /// The element offset of row `j`.
+    #[inline(always)]
+    pub(crate) fn at(&self, j: usize) -> usize {
+        let r = self.first + j;
+        let index = match self.pages {
+            None => r,
+            Some(p) => p.table[r / p.block] * p.block + r % p.block,
+        };
+        self.base + index * self.stride
+    }
+}
+
+/// The keys a block of query rows reads, `start..end` with `start` on a key block's
+/// boundary: from the first row's first visible key to the last row's last (the band
+/// moves right with the rows); each row still hides the keys outside its own band.
+#[inline(always)]
+pub(crate) fn key_span(
+    band: Option<Band>,
+    rows: std::ops::Range<usize>,
+    lk: usize,
+) -> (usize, usize) {
+    let Some(band) = band.filter(|_| !rows.is_empty()) else {
+        return (0, lk);
+    };
+    let start = band.keys(rows.start, lk).start / BLOCK_N * BLOCK_N;
+    (start, band.keys(rows.end - 1, lk).end.max(start))
 }
 
 /// The arguments of one fused block.
@@ -106,7 +198,7 @@ pub(crate) struct BlockArgs<'a> {
     pub(crate) v: &'a [f32],
     pub(crate) rows: std::ops::Range<usize>,
     pub(crate) s: &'a Shape,
-    pub(crate) causal: Option<Causal>,
+    pub(crate) band: Option<Band>,
     pub(crate) bias: Option<MaskView<'a>>,
     pub(crate) out: &'a mut [f32],
     pub(crate) lse: &'a mut [f32],

@@ -1,7 +1,7 @@
 //! The fused attention block in portable code: the build's vector width, each key block
 //! transposed once so that scores and weighted sums are plain loops the compiler vectorises.
 
-use super::{BLOCK_M, BLOCK_N, BlockArgs, MaskView, finish_rows, key_block};
+use super::{BLOCK_M, BLOCK_N, BlockArgs, MaskView, finish_rows, key_block, key_span};
 use crate::runtime::cpu::mul_add;
 
 /// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with [`EXP2_POLY`] for 2^f
@@ -111,22 +111,23 @@ pub(crate) fn lanes_sum(x: &[f32; BLOCK_N]) -> f32 {
     halving(lanes, |a, b| a + b)
 }
 
-/// One row of a block's scores through the online softmax: keys from `visible` on are
+/// One row of a block's scores through the online softmax: keys outside `visible` are
 /// hidden, the mask `(view, row, first key)` is added, the row's running max and sum take
 /// the block in, and the scores become weights. Returns the factor that rescales the
 /// row's earlier sums, or `None` (with zero weights) while the row has seen no key.
 #[inline(always)]
 pub(crate) fn online_softmax(
     srow: &mut [f32; BLOCK_N],
-    visible: usize,
+    visible: std::ops::Range<usize>,
     bias: Option<(MaskView, usize, usize)>,
     row_max: &mut f32,
     row_sum: &mut f32,
 ) -> Option<f32> {
-    srow[visible..].fill(f32::NEG_INFINITY);
+    srow[..visible.start].fill(f32::NEG_INFINITY);
+    srow[visible.end..].fill(f32::NEG_INFINITY);
     if let Some((mask, i, kb)) = bias {
-        for (c, x) in srow[..visible].iter_mut().enumerate() {
-            *x += mask.at(i, kb + c);
+        for c in visible {
+            srow[c] += mask.at(i, kb + c);
         }
     }
     let new_max = nan_max(*row_max, lanes_max(srow));
@@ -153,7 +154,7 @@ pub(crate) fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
         v,
         rows,
         s,
-        causal,
+        band,
         bias,
         out,
         lse,
@@ -165,14 +166,17 @@ pub(crate) fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
     let mut row_sum = [0f32; BLOCK_M];
     let acc = &mut out[..n_rows * s.dv];
     acc.fill(0.0);
-    // The last row sees the most keys.
-    let k_end = causal.map_or(s.lk, |c| c.keys(rows.end.saturating_sub(1), s.lk));
-    for kb in (0..k_end).step_by(BLOCK_N) {
+    let (k_start, k_end) = key_span(band, rows.clone(), s.lk);
+    for kb in (k_start..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
         let kt = key_block(kt, s.d, kb);
         for (r, i) in rows.clone().enumerate() {
             let mut srow = score_row::<FUSED>(&q[r * s.d..(r + 1) * s.d], kt);
-            let visible = causal.map_or(keys, |c| keys.min(c.keys(i, s.lk).saturating_sub(kb)));
+            let visible = band.map_or(0..keys, |band| {
+                let seen = band.keys(i, s.lk);
+                let at = |j: usize| j.saturating_sub(kb).min(keys);
+                at(seen.start)..at(seen.end)
+            });
             let bias = bias.map(|m| (m, i, kb));
             let Some(alpha) =
                 online_softmax(&mut srow, visible, bias, &mut row_max[r], &mut row_sum[r])

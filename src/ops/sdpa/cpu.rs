@@ -6,10 +6,12 @@ use std::borrow::Cow;
 use half::{bf16, f16};
 
 use super::math::Bias;
-use super::{Job, OP_CPU, host_f64};
+use super::{Job, OP_CPU, Sequences, host_f64};
 use crate::core::tensor::{Tensor, host_zeros};
 use crate::kernels::attention::f64::{RowKeys, attend_row_f64};
-use crate::kernels::attention::{BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, transpose_keys};
+use crate::kernels::attention::{
+    BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, Shape, key_span, transpose_keys,
+};
 use crate::kernels::convert::narrow;
 use crate::{DType, Device, Error, Result};
 
@@ -171,7 +173,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             (Input::Bf16(k), Input::Bf16(v)) => decode(job, &qv, (k, v), masks)?,
             _ => unreachable!("`decodes` checked the inputs"),
         };
-        return finish(q.dtype(), out, lse, s, out_shape);
+        return finish(q.dtype(), out, lse, &[s.b, s.h, s.lq], out_shape);
     }
     // Zeroed lazily by the allocator: each page is first touched by the thread that writes it.
     let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
@@ -199,7 +201,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let key_rows = kernels.attention_reads_key_rows;
     let (qv, kv, vv, mask) = (&qv, &kv, &vv, &mask);
     type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
-    let causal = job.causal();
+    let band = job.band(0);
     let work = |(chunk, mut q_block): Chunk| {
         // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
         // transposed where the kernel reads them so (threads take runs of items of one head).
@@ -240,7 +242,7 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 v,
                 rows,
                 s,
-                causal,
+                band,
                 bias: mask,
                 out: o_here,
                 lse: l_here,
@@ -270,7 +272,200 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         .map(|chunk| Ok((chunk, host_zeros(OP_CPU, block_len)?)))
         .collect::<Result<_>>()?;
     crate::runtime::threads::for_each(chunks, &work);
-    finish(q.dtype(), out, lse, s, out_shape)
+    finish(q.dtype(), out, lse, &[s.b, s.h, s.lq], out_shape)
+}
+
+/// The fused path for the serving calls (packed sequences, paged caches): threads over
+/// (sequence, head, query block) items, balanced by the keys each reads; each thread
+/// gathers the key and value rows of the sequence and head in hand (through the block
+/// table where paged) into its own f32 buffers, once per head, and runs the block kernel
+/// of the CPU level in force on them. `(out, lse)` as f32, in [`Job::out_row`] order.
+pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
+    let s = &job.shape;
+    let (qv, kv, vv) = (
+        Input::of(job.query)?,
+        Input::of(job.key)?,
+        Input::of(job.value)?,
+    );
+    let scale = job.scale as f32;
+    // The outputs first (fallibly: with a head dim of 0, H may be as large as usize), then
+    // no more items than rows.
+    let total_rows = (0..s.b)
+        .try_fold(0usize, |n, b| {
+            n.checked_add(s.h.checked_mul(job.lengths(b).0)?)
+        })
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP_CPU,
+            detail: format!("{} query heads of {} sequences overflow", s.h, s.b),
+        })?;
+    let mut out = host_zeros::<f32>(OP_CPU, total_rows.saturating_mul(s.dv))?;
+    let mut lse = host_zeros::<f32>(OP_CPU, total_rows)?;
+    // Items in output order, with the keys each reads as its cost.
+    let mut items = Vec::new();
+    for b in 0..s.b {
+        let (lq, lk) = job.lengths(b);
+        if lq == 0 {
+            continue;
+        }
+        for h in 0..s.h {
+            for first in (0..lq).step_by(BLOCK_M) {
+                let rows = first..(first + BLOCK_M).min(lq);
+                let (start, end) = key_span(job.band(b), rows.clone(), lk);
+                let cost = rows.len() * (end - start).max(1);
+                items.push((job.out_row(b, h) + first, b, h, rows, cost));
+            }
+        }
+    }
+    items.sort_by_key(|item| item.0);
+    // Contiguous runs of items of about equal cost, one per thread.
+    let threads = crate::get_num_threads().min(items.len()).max(1);
+    let total: usize = items.iter().map(|item| item.4).sum();
+    let block_len = BLOCK_M
+        .checked_mul(s.d)
+        .ok_or_else(|| Error::ShapeMismatch {
+            op: OP_CPU,
+            detail: format!("head dim {} is too large for a query block", s.d),
+        })?;
+    type Item<'o> = (
+        usize,
+        usize,
+        std::ops::Range<usize>,
+        &'o mut [f32],
+        &'o mut [f32],
+    );
+    let mut chunks: Vec<(Vec<Item>, Vec<f32>)> = Vec::with_capacity(threads);
+    let (mut out_rest, mut lse_rest) = (out.as_mut_slice(), lse.as_mut_slice());
+    let mut taken = 0;
+    let mut spent = 0;
+    for (row, b, h, rows, cost) in items {
+        if chunks.is_empty() || spent * threads > total * chunks.len() {
+            chunks.push((Vec::new(), host_zeros(OP_CPU, block_len)?));
+        }
+        spent += cost;
+        // Skip to this item's rows (items are in output order), then take them.
+        let (_, o) = out_rest.split_at_mut((row - taken) * s.dv);
+        let (_, l) = lse_rest.split_at_mut(row - taken);
+        let (o, o_next) = o.split_at_mut(rows.len() * s.dv);
+        let (l, l_next) = l.split_at_mut(rows.len());
+        (out_rest, lse_rest) = (o_next, l_next);
+        taken = row + rows.len();
+        chunks
+            .last_mut()
+            .expect("pushed above")
+            .0
+            .push((b, h, rows, o, l));
+    }
+    let kernels = crate::kernels::dispatch::cpu_kernels();
+    let key_rows = kernels.attention_reads_key_rows;
+    let work = |(chunk, mut q_block): (Vec<Item>, Vec<f32>)| {
+        let (mut k_head, mut v_head) = (HeadCache::default(), HeadCache::default());
+        let mut wide = Vec::new();
+        for (b, h, rows, o, l) in chunk {
+            let hk = s.kv_head(h);
+            let (lq, lk) = job.lengths(b);
+            let shape = Shape { lq, lk, ..*s };
+            let q_rows = job.q_rows(b, h);
+            let q = &mut q_block[..rows.len() * s.d];
+            for (i, query) in rows.clone().zip(q.chunks_exact_mut(s.d.max(1))) {
+                let at = q_rows.at(i);
+                qv.copy_into(at..at + s.d, query);
+                query.iter_mut().for_each(|x| *x *= scale);
+            }
+            let head = b * s.hk + hk;
+            let gather = |input: &Input, width: usize, out: &mut [f32]| {
+                let rows = job.kv_rows(b, hk, width);
+                for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
+                    let at = rows.at(j);
+                    input.copy_into(at..at + width, row);
+                }
+            };
+            let (k, kt) = if key_rows {
+                (
+                    k_head.get_or_fill(head, lk * s.d, |out| gather(&kv, s.d, out)),
+                    &[][..],
+                )
+            } else {
+                let len = lk.div_ceil(BLOCK_N) * s.d * BLOCK_N;
+                let kt = k_head.get_or_fill(head, len, |kt| {
+                    wide.resize(lk * s.d, 0.0);
+                    gather(&kv, s.d, &mut wide);
+                    transpose_keys(&wide, lk, s.d, kt);
+                });
+                (&[][..], kt)
+            };
+            let v = v_head.get_or_fill(head, lk * s.dv, |out| gather(&vv, s.dv, out));
+            (kernels.attention_block)(BlockArgs {
+                q,
+                k,
+                v,
+                rows,
+                s: &shape,
+                band: job.band(b),
+                bias: None,
+                out: o,
+                lse: l,
+                kt,
+            });
+        }
+    };
+    crate::runtime::threads::for_each(chunks, &work);
+    Ok((out, lse))
+}
+
+/// The serving calls' CPU path ([`super::serving`]): the decoding kernel for paged caches
+/// with a few query rows per head group (reading each block through the table), else the
+/// block kernel over gathered heads ([`cpu_sequences`]). `(output, lse)` in the call's
+/// layouts: packed calls `[total_q, H, Dv]` and `[H, total_q]`, paged ones `[B, H, Lq, Dv]`
+/// and `[B, H, Lq]`.
+pub(super) fn cpu_serving(job: &Job) -> Result<(Tensor, Tensor)> {
+    let s = &job.shape;
+    #[cfg(target_arch = "x86_64")]
+    if decodes(job) {
+        let qv = Input::of(job.query)?;
+        let (out, lse) = match (Input::of(job.key)?, Input::of(job.value)?) {
+            (Input::F32(k), Input::F32(v)) => decode(job, &qv, (&k, &v), None)?,
+            (Input::Bf16(k), Input::Bf16(v)) => decode(job, &qv, (&k, &v), None)?,
+            _ => unreachable!("`decodes` checked the inputs"),
+        };
+        return finish(
+            job.query.dtype(),
+            out,
+            lse,
+            &[s.b, s.h, s.lq],
+            &job.out_shape,
+        );
+    }
+    let (out, lse) = cpu_sequences(job)?;
+    match job.seqs {
+        Some(Sequences::Packed { cu_q, .. }) => {
+            let total = cu_q[cu_q.len() - 1];
+            let head_major = [s.h, total, s.dv];
+            let (output, lse) = finish(job.query.dtype(), out, lse, &[s.h, total], &head_major)?;
+            Ok((output.permute(&[1, 0, 2])?.contiguous()?, lse))
+        }
+        _ => finish(
+            job.query.dtype(),
+            out,
+            lse,
+            &[s.b, s.h, s.lq],
+            &job.out_shape,
+        ),
+    }
+}
+
+/// What the trace names as the kernel of a serving call.
+pub(super) fn sequences_kernel(job: &Job) -> String {
+    #[cfg(target_arch = "x86_64")]
+    if decodes(job) {
+        return match kv_splits(job) {
+            1 => "decoding kernel, blocks read through the table".to_string(),
+            runs => format!(
+                "decoding kernel, blocks read through the table, keys split into {runs} runs \
+                 combined by their log-sum-exps"
+            ),
+        };
+    }
+    "fused online softmax over each sequence's gathered heads".to_string()
 }
 
 /// The f32 outputs as a tensor of `dtype`, and the log-sum-exp.
@@ -278,7 +473,7 @@ fn finish(
     dtype: DType,
     out: Vec<f32>,
     lse: Vec<f32>,
-    s: &crate::kernels::attention::Shape,
+    lse_shape: &[usize],
     out_shape: &[usize],
 ) -> Result<(Tensor, Tensor)> {
     let threads = crate::get_num_threads();
@@ -297,7 +492,7 @@ fn finish(
             Tensor::from_f64(&out, out_shape, dtype, Device::Cpu)?
         }
     };
-    let lse = Tensor::from_vec(lse, &[s.b, s.h, s.lq], Device::Cpu)?;
+    let lse = Tensor::from_vec(lse, lse_shape, Device::Cpu)?;
     Ok((output, lse))
 }
 
@@ -313,7 +508,9 @@ pub(super) fn decodes(job: &Job) -> bool {
     let group = s.h / s.hk.max(1);
     let same = |dtype| job.key.dtype() == dtype && job.value.dtype() == dtype;
     // Empty outputs (no rows, or a value dim of 0) are the block kernel's edge cases.
-    (1..=MAX_GROUP_ROWS).contains(&(group * s.lq))
+    // Packed sequences' query rows are not grouped by head: the block kernel serves them.
+    !matches!(job.seqs, Some(Sequences::Packed { .. }))
+        && (1..=MAX_GROUP_ROWS).contains(&(group * s.lq))
         && s.lq <= MAX_QUERY_ROWS
         && s.dv > 0
         && s.h.is_multiple_of(s.hk.max(1))
@@ -337,13 +534,16 @@ fn decode<E: crate::kernels::simd::Load>(
     use crate::kernels::attention::decode::{Group, run};
     let s = &job.shape;
     let scale = job.scale as f32;
-    let causal = job.causal();
     let group = s.h / s.hk.max(1);
     let rows = group * s.lq;
     let groups = s.b * s.hk;
     let splits = kv_splits(job);
-    let run_keys = s.lk.div_ceil(splits);
-    let stride = run_keys.next_multiple_of(16);
+    // Each sequence's keys split into `splits` runs (the longest run sets the scratch).
+    let runs_of = |b: usize| {
+        let span = decoded_keys(job, b);
+        (span.clone(), span.len().div_ceil(splits))
+    };
+    let stride = longest_span(job).div_ceil(splits).next_multiple_of(16);
     let mut out = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
     let mut lse = host_zeros::<f32>(OP_CPU, s.b * s.h * s.lq)?;
     // With splits, each (group, run of keys) unit writes its partial result here first.
@@ -395,7 +595,10 @@ fn decode<E: crate::kernels::simd::Load>(
         {
             let (kvh, split) = ((first + index) / splits, (first + index) % splits);
             let (b, hk) = (kvh / s.hk, kvh % s.hk);
-            let keys = split * run_keys..s.lk.min((split + 1) * run_keys);
+            let (span, run_keys) = runs_of(b);
+            let first_key = span.start + split * run_keys;
+            let keys = first_key..span.end.min(first_key + run_keys);
+            let (band, lk) = (job.band(b), job.lengths(b).1);
             // The group's query rows are contiguous: heads hk·group.., each with Lq rows.
             let first_row = (b * s.h + hk * group) * s.lq;
             let q_rows = qv.f32s(first_row * s.d..(first_row + rows) * s.d, &mut wide);
@@ -405,9 +608,11 @@ fn decode<E: crate::kernels::simd::Load>(
             row_info.clear();
             for r in 0..rows {
                 let (h, i) = (hk * group + r / s.lq, r % s.lq);
-                let seen = causal.map_or(s.lk, |c| c.keys(i, s.lk));
-                // The run's keys this row sees, and its mask from the run's first key on.
-                let visible = seen.min(keys.end).saturating_sub(keys.start);
+                let seen = band.map_or(0..lk, |band| band.keys(i, lk));
+                // The run's keys this row sees (counted from the run's first), and its mask
+                // from the run's first key on.
+                let at = |j: usize| j.clamp(keys.start, keys.end) - keys.start;
+                let visible = at(seen.start)..at(seen.end);
                 let mask = masks.map(|m| {
                     let view = m.of_head(b, h);
                     MaskView {
@@ -417,11 +622,12 @@ fn decode<E: crate::kernels::simd::Load>(
                 });
                 row_info.push((visible, mask, i));
             }
-            let head = kvh * s.lk;
             run(Group {
                 q: &q,
-                k: &kv[(head + keys.start) * s.d..(head + keys.end) * s.d],
-                v: &vv[(head + keys.start) * s.dv..(head + keys.end) * s.dv],
+                k: kv,
+                v: vv,
+                k_rows: job.kv_rows(b, hk, s.d).skipping(keys.start),
+                v_rows: job.kv_rows(b, hk, s.dv).skipping(keys.start),
                 lk: keys.len(),
                 d: s.d,
                 dv: s.dv,
@@ -445,6 +651,34 @@ fn decode<E: crate::kernels::simd::Load>(
 #[cfg(target_arch = "x86_64")]
 const MIN_RUN_KEYS: usize = 2048;
 
+/// The keys a decoding group of sequence `b` reads: those some query row of it sees (all
+/// of them without a band; a sliding window's span otherwise, whatever the cache's length).
+#[cfg(target_arch = "x86_64")]
+fn decoded_keys(job: &Job, b: usize) -> std::ops::Range<usize> {
+    let (lq, lk) = job.lengths(b);
+    match job.band(b) {
+        Some(band) if lq > 0 => {
+            let first = band.keys(0, lk).start;
+            first..band.keys(lq - 1, lk).end.max(first)
+        }
+        _ => 0..lk,
+    }
+}
+
+/// The most keys a decoding group of `job` reads: of any sequence of a serving call, of
+/// the first where all are alike (a dense call, whose batch may be huge and empty).
+#[cfg(target_arch = "x86_64")]
+fn longest_span(job: &Job) -> usize {
+    let sequences = match job.seqs {
+        None => job.shape.b.min(1),
+        Some(_) => job.shape.b,
+    };
+    (0..sequences)
+        .map(|b| decoded_keys(job, b).len())
+        .max()
+        .unwrap_or(0)
+}
+
 /// How many runs each decoding group's keys are split into: one where the groups alone
 /// give every thread work, else enough runs (of at least [`MIN_RUN_KEYS`] keys) for the
 /// threads.
@@ -457,7 +691,7 @@ pub(super) fn kv_splits(job: &Job) -> usize {
     }
     threads
         .div_ceil(groups)
-        .min(job.shape.lk / MIN_RUN_KEYS)
+        .min(longest_span(job) / MIN_RUN_KEYS)
         .max(1)
 }
 
@@ -527,7 +761,7 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
     } = *job;
     let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
     let bias = Bias::of(o.attn_mask)?;
-    let causal = job.causal();
+    let band = job.band(0);
     let mut out = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq * s.dv)?;
     let mut lse = host_zeros::<f64>(OP_CPU, s.b * s.h * s.lq)?;
     let rows = s.b * s.h * s.lq;
@@ -552,14 +786,18 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
             let (bh, i) = (row / s.lq, row % s.lq);
             let (b, h) = (bh / s.h, bh % s.h);
             let kvh = b * s.hk + s.kv_head(h);
-            let keys = causal.map_or(s.lk, |c| c.keys(i, s.lk));
+            let keys = band.map_or(0..s.lk, |band| band.keys(i, s.lk));
+            let first = keys.start;
             *l = attend_row_f64(
                 &qv[row * s.d..][..s.d],
                 RowKeys {
-                    count: keys,
-                    keys: &kv[kvh * s.lk * s.d..][..keys * s.d],
-                    values: &vv[kvh * s.lk * s.dv..][..keys * s.dv],
-                    bias: &|j| bias.as_ref().map_or(0.0, |bias| bias.at(b, h, i, j)),
+                    count: keys.len(),
+                    keys: &kv[(kvh * s.lk + first) * s.d..][..keys.len() * s.d],
+                    values: &vv[(kvh * s.lk + first) * s.dv..][..keys.len() * s.dv],
+                    bias: &|j| {
+                        bias.as_ref()
+                            .map_or(0.0, |bias| bias.at(b, h, i, first + j))
+                    },
                 },
                 scale,
                 &mut out[r * s.dv..][..s.dv],

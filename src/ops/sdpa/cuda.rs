@@ -2,11 +2,10 @@
 //! (`flash_fwd.cu`: fp16/bf16 `mma.sync`; `mem_eff_fwd.cu`: fp32 SIMT with masks), with
 //! dropout drawn by the same stateless per-weight decision as the host's math path.
 
-use super::{Job, SdpaOutput, broadcast_strides, diag_arg};
+use super::{GpuRows, Job, SdpaOutput, band_args, broadcast_strides};
 use crate::core::generator::Draw;
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
-use crate::kernels::attention::Shape;
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
@@ -17,7 +16,7 @@ const OP: &str = "scaled_dot_product_attention on CUDA";
 
 /// Batch, head and row strides of q, k, v or o (`[B, H, L, D]`, or `[H, L, D]` with a batch
 /// stride of 0), which the kernels take with the last dimension contiguous.
-fn strides(t: &Tensor) -> Result<[i64; 3]> {
+fn strides(t: &Tensor) -> Result<[usize; 3]> {
     let st = t.strides();
     let r = st.len();
     if st[r - 1] != 1 && t.shape()[r - 1] > 1 {
@@ -28,7 +27,7 @@ fn strides(t: &Tensor) -> Result<[i64; 3]> {
             ),
         });
     }
-    Ok([if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]].map(long_arg))
+    Ok([if r == 4 { st[0] } else { 0 }, st[r - 3], st[r - 2]])
 }
 
 /// Runs the selected fused backend (flash or memory-efficient) on device `ordinal`.
@@ -68,7 +67,7 @@ pub(super) fn fused(
     let key = pinned
         .filter(|e| e.cuda.is_some())
         .map(|e| e.key)
-        .or_else(|| rules::kernel_key(backend.into(), elem, s.d, o.is_causal, mask))
+        .or_else(|| rules::kernel_key(backend.into(), elem, s.d, job.banded(), mask))
         .ok_or_else(|| Error::Unavailable {
             what: "an attention kernel",
             why: format!("no {backend} variant serves head dim {}", s.d),
@@ -88,8 +87,12 @@ pub(super) fn fused(
         });
     }
     let size = q.dtype().size();
-    let out = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * s.dv * size)?;
-    let lse = CudaBuffer::zeroed(ordinal, s.b * s.h * s.lq * 4)?;
+    let rows = GpuRows::of(OP, job, [strides(q)?, strides(k)?, strides(v)?])?;
+    let out = CudaBuffer::zeroed(ordinal, out_shape.iter().product::<usize>() * size)?;
+    let lse = CudaBuffer::zeroed(ordinal, rows.lse_len * 4)?;
+    // The sequence table (one unread word for a dense call).
+    let seq_bytes: Vec<u8> = rows.seq.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let seq = CudaBuffer::upload(ordinal, &seq_bytes)?;
     if s.lq > 0 && s.b * s.h > 0 {
         let views = [q, k, v].map(|t| {
             t.cuda_buffer()
@@ -102,13 +105,12 @@ pub(super) fn fused(
             .into_iter()
             .collect::<Result<Vec<i32>>>()?;
         let scale = scale as f32;
-        let causal = i32::from(o.is_causal);
-        let diag = diag_arg(OP, job)?;
-        let mut all_strides = Vec::with_capacity(16);
-        for t in [q, k, v] {
-            all_strides.extend(strides(t)?);
-        }
-        all_strides.extend([s.h * s.lq * s.dv, s.lq * s.dv, s.dv].map(long_arg));
+        let [band, lo, hi, lower_right] = band_args(OP, job)?;
+        let mut all_strides: Vec<i64> = [rows.q, rows.k, rows.v, rows.o]
+            .into_iter()
+            .flatten()
+            .map(long_arg)
+            .collect();
         let tile = kernel.entry.cuda.as_ref().expect("a CUDA variant").tile;
         let grid = (
             grid_dim(OP, s.lq.div_ceil(tile[0] as usize))?,
@@ -135,16 +137,36 @@ pub(super) fn fused(
             for x in &ints[..4] {
                 args.int(x);
             }
-            args.float(&scale).int(&diag);
+            args.float(&scale).int(&lo).int(&hi).int(&lower_right);
         } else {
             args.ptr(&mask_view).ptr(&out_view).ptr(&lse_view);
             for x in &ints {
                 args.int(x);
             }
-            args.float(&scale).int(&causal).int(&diag);
+            args.float(&scale)
+                .int(&band)
+                .int(&lo)
+                .int(&hi)
+                .int(&lower_right);
         }
         for x in &all_strides {
             args.long(x);
+        }
+        let seq_view = seq.view(0);
+        let sequence_words = rows
+            .sequence_words()
+            .map(|x| int_arg(OP, x))
+            .into_iter()
+            .collect::<Result<Vec<i32>>>()?;
+        let lse_strides = rows.lse.map(long_arg);
+        if !flash {
+            args.ptr(&seq_view);
+            for x in &sequence_words {
+                args.int(x);
+            }
+            for x in &lse_strides {
+                args.long(x);
+            }
         }
         let key = job.dropout.map_or(0, Draw::key);
         args.double(&o.dropout_p).ulong(&key);
@@ -153,17 +175,25 @@ pub(super) fn fused(
         // element their strides reach; o and lse were allocated above for B x H x Lq rows.
         unsafe { kernel.launch(args, grid) }?;
     }
-    Ok(output(ordinal, backend, q.dtype(), out_shape, s, out, lse))
+    Ok(output(
+        ordinal,
+        backend,
+        q.dtype(),
+        out_shape,
+        &job.lse_shape(),
+        out,
+        lse,
+    ))
 }
 
-/// A fused backend's result on device `ordinal`: `out` (`[.., Lq, Dv]` of `dtype`) and the
-/// f32 log-sum-exp `lse` (`[B, H, Lq]`).
+/// A fused backend's result on device `ordinal`: `out` (`out_shape` of `dtype`) and the
+/// f32 log-sum-exp `lse` (`lse_shape`).
 pub(super) fn output(
     ordinal: usize,
     backend: SdpBackend,
     dtype: DType,
     out_shape: &[usize],
-    s: &Shape,
+    lse_shape: &[usize],
     out: CudaBuffer,
     lse: CudaBuffer,
 ) -> SdpaOutput {
@@ -174,7 +204,7 @@ pub(super) fn output(
             Storage::Device(Box::new(lse)),
             DType::F32,
             device,
-            &[s.b, s.h, s.lq],
+            lse_shape,
         )),
         backend,
     }

@@ -720,7 +720,7 @@ pub(super) fn attention(ordinal: usize, job: &Job) -> Result<SdpaOutput> {
         SdpBackend::Cudnn,
         q.dtype(),
         out_shape,
-        s,
+        &[s.b, s.h, s.lq],
         out,
         lse,
     ))

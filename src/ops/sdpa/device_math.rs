@@ -7,7 +7,7 @@
 //! PyTorch's math path does. Other dtypes, and dropout on wgpu (WGSL has no 64-bit integers
 //! for the shared dropout draw), run the reference on the host ([`serves`] says which).
 
-use super::{Job, broadcast_strides, diag_arg};
+use super::{Job, band_args, broadcast_strides};
 use crate::core::generator::Draw;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelKey, MaskKind, MaskedSoftmaxKey};
@@ -99,11 +99,12 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
             .into_iter()
             .collect::<Result<Vec<u32>>>()?;
         words.push((job.scale as f32).to_bits());
-        words.push(u32::from(job.options.is_causal));
+        let [band, lo, hi, lower_right] = band_args(OP, job)?;
+        words.push(band.cast_unsigned());
         for x in [groups_x, offset].into_iter().chain(strides) {
             words.push(word(x)?);
         }
-        words.push(diag_arg(OP, job)?.cast_unsigned());
+        words.extend([lo, hi, lower_right].map(i32::cast_unsigned));
         // The last scores element must be addressable too.
         word(rows * s.lk)?;
         let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -160,8 +161,7 @@ fn cuda_softmax(
             .into_iter()
             .collect::<Result<Vec<i32>>>()?;
         let scale = job.scale as f32;
-        let causal = i32::from(job.options.is_causal);
-        let diag = diag_arg(OP, job)?;
+        let [band, lo, hi, lower_right] = band_args(OP, job)?;
         let strides = strides.map(long_arg);
         let seed = job.dropout.map_or(0, Draw::key);
         let mut args = kernel.args();
@@ -169,7 +169,11 @@ fn cuda_softmax(
         for x in &ints {
             args.int(x);
         }
-        args.float(&scale).int(&causal).int(&diag);
+        args.float(&scale)
+            .int(&band)
+            .int(&lo)
+            .int(&hi)
+            .int(&lower_right);
         for x in &strides {
             args.long(x);
         }

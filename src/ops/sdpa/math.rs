@@ -46,7 +46,7 @@ pub(super) fn cpu_math(job: &Job) -> Result<Tensor> {
     } = *job;
     let (qv, kv, vv) = (host_f64(q)?, host_f64(k)?, host_f64(v)?);
     let bias = Bias::of(o.attn_mask)?;
-    let causal = job.causal();
+    let band = job.band(0);
     let dtype = q.dtype();
     let reduce16 = matches!(dtype, DType::F16 | DType::Bf16)
         && crate::ops::sdpa::flags::fp16_bf16_reduction_math_sdp_allowed();
@@ -74,7 +74,7 @@ pub(super) fn cpu_math(job: &Job) -> Result<Tensor> {
                     if let Some(bias) = &bias {
                         x += bias.at(b, h, i, j);
                     }
-                    if causal.is_some_and(|c| j >= c.keys(i, s.lk)) {
+                    if band.is_some_and(|band| !band.keys(i, s.lk).contains(&j)) {
                         x = f64::NEG_INFINITY;
                     }
                     *w = x;

@@ -44,8 +44,10 @@ pub struct SDPAParams {
     pub dropout: f64,
     /// Causal masking.
     pub is_causal: bool,
-    /// Which diagonal the causal mask follows (read only with `is_causal`).
+    /// Which diagonal the causal mask and the window follow.
     pub causal_variant: super::CausalVariant,
+    /// A sliding window of keys around that diagonal.
+    pub window: super::Window,
     /// Grouped-query attention: key/value heads shared by groups of query heads.
     pub enable_gqa: bool,
 }

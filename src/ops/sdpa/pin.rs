@@ -46,7 +46,7 @@ impl Pin {
     }
 
     /// Whether `p` is a call of this variant (same device kind, dtype, head dims, causal
-    /// flag and mask kind).
+    /// flag and mask kind, and no sliding window: a windowed call is selected as usual).
     pub fn matches(&self, p: &SDPAParams) -> bool {
         let mask = match p.attn_mask.as_ref().map(|m| m.dtype) {
             None => MaskKind::None,
@@ -61,6 +61,7 @@ impl Pin {
                 .all(|t| t.shape.last() == Some(&d))
             && self.causal == p.is_causal.then_some(p.causal_variant)
             && mask == self.mask
+            && !p.window.is_bounded()
     }
 
     /// The pin of these fields, with the generated kernel that serves it: the one

@@ -295,6 +295,9 @@ pub fn check(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Vec<Reas
             });
         }
     }
+    if p.window.is_bounded() && !rules::takes_window(b) {
+        reasons.push(Reason::Window(p.window));
+    }
     if gqa_heads(p) && !rules::takes_gqa(b) {
         reasons.push(Reason::Gqa);
     }
@@ -350,7 +353,7 @@ pub fn runtime_disabled(backend: SdpBackend) -> Vec<Reason> {
 }
 
 /// [`runtime_disabled`]'s reasons, then [`check`]'s.
-fn verdict(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Verdict {
+pub(super) fn verdict(backend: SdpBackend, p: &SDPAParams, caps: &DeviceCaps) -> Verdict {
     let mut reasons = runtime_disabled(backend);
     reasons.extend(check(backend, p, caps));
     (backend, reasons)

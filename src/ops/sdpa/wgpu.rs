@@ -1,11 +1,13 @@
 //! Flash and memory-efficient attention on wgpu through the generated WGSL kernels.
 
-use super::{Job, SdpaOutput, broadcast_strides, diag_arg};
+use super::{GpuRows, Job, SdpaOutput, band_args, broadcast_strides};
 use crate::core::sdp::SdpBackend;
 use crate::core::tensor::{Storage, Tensor};
 use crate::kernels::{Elem, KernelEntry, MaskKind, rules};
 use crate::runtime::wgpu::u32_arg;
 use crate::{DType, Device, Error, Result};
+
+const OP: &str = "scaled_dot_product_attention on wgpu";
 
 /// Whether the WGSL kernels read `t` as it is: no offset into its buffer, the last
 /// dimension contiguous (they take the other strides).
@@ -77,7 +79,7 @@ pub(super) fn wgpu_fused(
     let entry = pinned
         .filter(|e| e.wgsl.is_some())
         .or_else(|| {
-            rules::kernel_key(backend.into(), elem, width, o.is_causal, mask)
+            rules::kernel_key(backend.into(), elem, width, job.banded(), mask)
                 .and_then(|k| crate::kernels::lookup(&k))
         })
         .ok_or_else(|| Error::Unavailable {
@@ -88,7 +90,7 @@ pub(super) fn wgpu_fused(
         .wgsl
         .as_ref()
         .expect("wgpu attention variants have WGSL");
-    let u32_of = |x: usize| u32_arg("scaled_dot_product_attention on wgpu", x);
+    let u32_of = |x: usize| u32_arg(OP, x);
     let strides = |t: &Tensor| -> [usize; 3] {
         let st = t.strides();
         let r = st.len();
@@ -97,27 +99,31 @@ pub(super) fn wgpu_fused(
     let mask_strides = o
         .attn_mask
         .map_or([0; 4], |m| broadcast_strides(m.shape(), m.strides()));
-    let mut words = vec![s.h, s.hk, s.lq, s.lk, s.d, usize::from(o.is_causal)]
+    let [band, lo, hi, lower_right] = band_args("scaled_dot_product_attention on wgpu", job)?;
+    let rows = GpuRows::of(OP, job, [strides(q), strides(k), strides(v)])?;
+    let mut words = vec![s.h, s.hk, s.lq, s.lk, s.d]
         .into_iter()
         .map(u32_of)
         .collect::<Result<Vec<u32>>>()?;
+    words.push(band.cast_unsigned());
     words.push((scale as f32).to_bits());
-    words.push(diag_arg("scaled_dot_product_attention on wgpu", job)?.cast_unsigned());
-    for t in [q, k, v] {
-        for x in strides(t) {
-            words.push(u32_of(x)?);
-        }
+    words.extend([lo, hi, lower_right].map(i32::cast_unsigned));
+    for x in [rows.q, rows.k, rows.v, rows.o].into_iter().flatten() {
+        words.push(u32_of(x)?);
     }
-    for x in [s.h * s.lq * s.dv, s.lq * s.dv, s.dv]
+    for x in mask_strides
         .into_iter()
-        .chain(mask_strides)
+        .chain(rows.sequence_words())
+        .chain(rows.lse)
     {
         words.push(u32_of(x)?);
     }
     let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let out =
-        crate::runtime::wgpu::WgpuBuffer::output(gpu, s.b * s.h * s.lq * s.dv * q.dtype().size())?;
-    let lse = crate::runtime::wgpu::WgpuBuffer::output(gpu, s.b * s.h * s.lq * 4)?;
+    let out_len = out_shape.iter().product::<usize>() * q.dtype().size();
+    let out = crate::runtime::wgpu::WgpuBuffer::output(gpu, out_len)?;
+    let lse = crate::runtime::wgpu::WgpuBuffer::output(gpu, rows.lse_len * 4)?;
+    let seq_bytes: Vec<u8> = rows.seq.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let seq = crate::runtime::wgpu::WgpuBuffer::upload(index, DType::F32, &seq_bytes)?;
     let dummy;
     let mask_buffer = match o.attn_mask {
         Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
@@ -143,6 +149,7 @@ pub(super) fn wgpu_fused(
                 mask_buffer,
                 out.raw(),
                 lse.raw(),
+                seq.raw(),
             ],
             &params,
             groups,
@@ -158,7 +165,7 @@ pub(super) fn wgpu_fused(
         Storage::Device(Box::new(lse)),
         DType::F32,
         Device::Wgpu(index),
-        &[s.b, s.h, s.lq],
+        &job.lse_shape(),
     );
     Ok(SdpaOutput {
         output,
