@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use backends::attention::{SdpBackend, sdpa_kernel_scoped};
 use backends::mha::{self, MhaOptions, MhaWeights};
 use backends::{
-    CausalVariant, DType, Device, SdpaOptions, Tensor, Window, einsum, einsum_path, fft, matmul,
-    sdpa,
+    CausalVariant, DType, Device, PagedKv, SdpaOptions, Tensor, Varlen, Window, einsum,
+    einsum_path, fft, matmul, sdpa, sdpa_paged, sdpa_varlen,
 };
 use common::{attention_reference, in_child, rel_err, window_hides};
 
@@ -954,6 +954,206 @@ fn sdpa_case(rng: &mut Rng) -> Result<(), String> {
     Ok(())
 }
 
+/// Element (head, row, x) of one sequence's rows, as the serving reference reads them.
+type Rows<'a> = Box<dyn Fn(usize, usize, usize) -> f64 + 'a>;
+
+/// Rows packed along dimension 0 (`[rows, heads, d]`) from row `first`.
+fn packed_rows(values: &[f64], first: usize, heads: usize, d: usize) -> Rows<'_> {
+    Box::new(move |a, r, x| values[((first + r) * heads + a) * d + x])
+}
+
+/// Rows of a paged cache `[blocks, block, hk, d]` through one sequence's `pages`.
+fn paged_rows<'a>(
+    values: &'a [f64],
+    pages: &'a [usize],
+    block: usize,
+    hk: usize,
+    d: usize,
+) -> Rows<'a> {
+    Box::new(move |a, j, x| values[((pages[j / block] * block + j % block) * hk + a) * d + x])
+}
+
+/// Packed sequences and paged caches: random lengths, offsets and block tables (sometimes
+/// corrupt), heads, dtypes and masking; a valid call must match each sequence alone, an
+/// invalid one must be a typed error.
+fn serving_case(rng: &mut Rng) -> Result<(), String> {
+    let dt = dtype(rng);
+    let (hk, d) = (rng.dim(3), rng.dim(16));
+    let h = hk.saturating_mul(1 + rng.below(3));
+    let b = rng.below(4);
+    let causal = rng.chance(40);
+    let window = if rng.chance(30) {
+        let mut side = || rng.chance(60).then(|| rng.below(12));
+        Window::new(side(), side())
+    } else {
+        Window::UNBOUNDED
+    };
+    let options = SdpaOptions {
+        is_causal: causal,
+        causal_variant: if rng.chance(50) {
+            CausalVariant::LowerRight
+        } else {
+            CausalVariant::UpperLeft
+        },
+        window,
+        enable_gqa: h != hk || rng.chance(10),
+        ..SdpaOptions::default()
+    };
+    let reference = |lq: usize, lk: usize, q: Rows, k: Rows, v: Rows| -> (Vec<f64>, Vec<f64>) {
+        let gather = |heads: usize, len: usize, f: &Rows, abs: bool| -> Vec<f64> {
+            (0..heads * len * d)
+                .map(|e| f(e / (len * d), e / d % len, e % d))
+                .map(|x| if abs { x.abs() } else { x })
+                .collect()
+        };
+        let run = |abs: bool| {
+            attention_reference(
+                &gather(h, lq, &q, false),
+                &gather(hk, lk, &k, false),
+                &gather(hk, lk, &v, abs),
+                [1, h, hk, lq, lk, d, d],
+                1.0 / (d as f64).sqrt(),
+                options.is_causal.then_some(options.causal_variant),
+                &|_, _, i, j| {
+                    if window_hides(window, options.causal_variant, (lq, lk), i, j) {
+                        f64::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                },
+            )
+        };
+        (run(false), run(true))
+    };
+    let what;
+    let (got, want, magnitude) = if rng.chance(50) {
+        // Packed: offsets, sometimes corrupt.
+        let lens: Vec<(usize, usize)> = (0..b).map(|_| (rng.below(12), rng.below(12))).collect();
+        let cumulative = |pick: &dyn Fn(&(usize, usize)) -> usize| {
+            std::iter::once(0)
+                .chain(lens.iter().scan(0, |t, l| {
+                    *t += pick(l);
+                    Some(*t)
+                }))
+                .collect::<Vec<usize>>()
+        };
+        let (mut cu_q, cu_k) = (cumulative(&|l| l.0), cumulative(&|l| l.1));
+        let (total_q, total_k) = (cu_q[b], cu_k[b]);
+        if rng.chance(10) {
+            let at = rng.below(cu_q.len());
+            cu_q[at] = rng.below(total_q + 3);
+        }
+        let valid = cu_q[0] == 0 && cu_q[b] == total_q && cu_q.windows(2).all(|w| w[0] <= w[1]);
+        let (Some((q, qv)), Some((k, kv)), Some((v, vv))) = (
+            tensor(rng, &[total_q, h, d], dt),
+            tensor(rng, &[total_k, hk, d], dt),
+            tensor(rng, &[total_k, hk, d], dt),
+        ) else {
+            return Ok(());
+        };
+        let batch = Varlen {
+            cu_seqlens_q: &cu_q,
+            cu_seqlens_k: &cu_k,
+        };
+        let Some(out) = typed(sdpa_varlen(&q, &k, &v, &batch, &options)) else {
+            return Ok(());
+        };
+        if !valid {
+            return Err(format!("offsets {cu_q:?} of {total_q} rows were accepted"));
+        }
+        what = format!("packed {cu_q:?} {cu_k:?}");
+        let (mut want, mut magnitude) = (vec![0.0; total_q * h * d], vec![0.0; total_q * h * d]);
+        for s in 0..b {
+            let (lq, lk) = (cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]);
+            let packed = |values, first, heads| packed_rows(values, first, heads, d);
+            let (seq, seq_abs) = reference(
+                lq,
+                lk,
+                packed(&qv, cu_q[s], h),
+                packed(&kv, cu_k[s], hk),
+                packed(&vv, cu_k[s], hk),
+            );
+            for e in 0..seq.len() {
+                let (a, r, x) = (e / (lq * d), e / d % lq, e % d);
+                let at = ((cu_q[s] + r) * h + a) * d + x;
+                (want[at], magnitude[at]) = (seq[e], seq_abs[e]);
+            }
+        }
+        (
+            out.output.to_f64().map_err(|e| e.to_string())?,
+            want,
+            magnitude,
+        )
+    } else {
+        // Paged: a block size, lengths and a table, sometimes past the cache or the row.
+        let (block, per_seq, blocks) = (rng.below(6), rng.below(4), 1 + rng.below(6));
+        let lq = rng.below(5);
+        let lens: Vec<usize> = (0..b).map(|_| rng.below(per_seq * block + 2)).collect();
+        let table: Vec<usize> = (0..b * per_seq)
+            .map(|_| {
+                let past = usize::from(rng.chance(5));
+                rng.below(blocks + past)
+            })
+            .collect();
+        let valid = lens.iter().enumerate().all(|(s, &len)| {
+            len == 0
+                || (block > 0
+                    && len.div_ceil(block) <= per_seq
+                    && table[s * per_seq..][..len.div_ceil(block)]
+                        .iter()
+                        .all(|&x| x < blocks))
+        });
+        let cache = [blocks, block, hk, d];
+        let (Some((q, qv)), Some((kc, kv)), Some((vc, vv))) = (
+            tensor(rng, &[b, h, lq, d], dt),
+            tensor(rng, &cache, dt),
+            tensor(rng, &cache, dt),
+        ) else {
+            return Ok(());
+        };
+        let paged = PagedKv {
+            key_cache: &kc,
+            value_cache: &vc,
+            block_table: &table,
+            seq_lens: &lens,
+        };
+        let Some(out) = typed(sdpa_paged(&q, &paged, &options)) else {
+            return Ok(());
+        };
+        if !valid {
+            return Err(format!(
+                "lengths {lens:?} over table {table:?} of {blocks} blocks of {block} were accepted"
+            ));
+        }
+        what = format!("paged Lq {lq}, {lens:?} over {table:?} of {blocks} blocks of {block}");
+        let (mut want, mut magnitude) = (Vec::new(), Vec::new());
+        for (s, &lk) in lens.iter().enumerate() {
+            let pages = &table[s * per_seq..][..per_seq];
+            let cached = |values| paged_rows(values, pages, block, hk, d);
+            let qs: Rows = Box::new(|a, i, x| qv[((s * h + a) * lq + i) * d + x]);
+            let (seq, seq_abs) = reference(lq, lk, qs, cached(&kv), cached(&vv));
+            want.extend(seq);
+            magnitude.extend(seq_abs);
+        }
+        (
+            out.output.to_f64().map_err(|e| e.to_string())?,
+            want,
+            magnitude,
+        )
+    };
+    if d == 0 {
+        return Ok(()); // NaN by definition at the default scale
+    }
+    compared();
+    if !close(&got, &want, &magnitude, dt) {
+        return Err(format!(
+            "{what}, {dt} h {h} hk {hk} d {d} causal {causal} {window}: error {}",
+            rel_err(&got, &want)
+        ));
+    }
+    Ok(())
+}
+
 /// The naive einsum of `terms -> output` over labels a-e.
 fn naive_einsum(
     terms: &[Vec<u8>],
@@ -1260,12 +1460,13 @@ fn every_entry_point_gives_a_typed_error_or_the_reference() {
         return;
     }
     // Each entry point must also have been checked on results, not only on errors.
-    let cases: [(&str, Case); 9] = [
+    let cases: [(&str, Case); 10] = [
         ("tensor construction and views", construction_and_views),
         ("views and copies", views_case),
         ("matmul", matmul_case),
         ("linear", linear_case),
         ("scaled_dot_product_attention", sdpa_case),
+        ("sdpa_varlen and sdpa_paged", serving_case),
         ("einsum", einsum_case),
         ("fft", fft_case),
         ("multi_head_attention_forward", mha_case),
