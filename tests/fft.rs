@@ -324,3 +324,202 @@ fn bad_inputs_are_typed_errors() {
         assert!(matches!(fft::fft(&gpu), Err(Error::Unavailable { .. })));
     }
 }
+
+/// The direct DFT along `axis` of complex values (interleaved) of logical `shape`, each line
+/// trimmed or zero-padded to `n` points, times `scale` (no normalisation of its own):
+/// `(values, shape)`.
+fn dft_along(
+    x: &[f64],
+    shape: &[usize],
+    axis: usize,
+    (n, inverse, scale): (usize, bool, f64),
+) -> (Vec<f64>, Vec<usize>) {
+    let (outer, m) = (shape[..axis].iter().product::<usize>(), shape[axis]);
+    let inner: usize = shape[axis + 1..].iter().product();
+    let sign = if inverse { 1.0 } else { -1.0 };
+    let mut out = vec![0.0; outer * n * inner * 2];
+    for o in 0..outer {
+        for i in 0..inner {
+            for k in 0..n {
+                let (mut re, mut im) = (0.0, 0.0);
+                for j in 0..m.min(n) {
+                    let at = ((o * m + j) * inner + i) * 2;
+                    let a = sign * 2.0 * std::f64::consts::PI * ((j * k) % n) as f64 / n as f64;
+                    re += x[at] * a.cos() - x[at + 1] * a.sin();
+                    im += x[at] * a.sin() + x[at + 1] * a.cos();
+                }
+                let to = ((o * n + k) * inner + i) * 2;
+                (out[to], out[to + 1]) = (re * scale, im * scale);
+            }
+        }
+    }
+    let mut shape = shape.to_vec();
+    shape[axis] = n;
+    (out, shape)
+}
+
+/// `n`, `dim` and `norm` as `torch.fft` takes them: trimmed and zero-padded signals along
+/// any dimension (negative ones from the end), the three normalisations, 2-D and n-D forms
+/// over chosen dimensions, real transforms along a middle dimension, against the direct DFT
+/// (and real round trips); bad arguments are typed errors.
+#[test]
+fn sizes_dimensions_and_normalisations_follow_torch_fft() {
+    use fft::{FftArgs, Norm};
+    let _s = serial();
+    let complex = |shape: &[usize]| {
+        let values = random(shape.iter().product::<usize>() * 2);
+        let mut stored = shape.to_vec();
+        stored.push(2);
+        (tensor(&values, &stored), values)
+    };
+    let check = |got: Tensor, (want, shape): (Vec<f64>, Vec<usize>), what: &str| {
+        let mut stored = shape.clone();
+        stored.push(2);
+        assert_eq!(got.shape(), stored, "{what}");
+        let err = rel_err(&got.to_f64().unwrap(), &want);
+        assert!(err < 1e-12, "{what}: {err}");
+    };
+    // Each norm's scale as powers of the point count: forward, inverse.
+    let norms = [
+        (Norm::Backward, 0.0, -1.0),
+        (Norm::Ortho, -0.5, -0.5),
+        (Norm::Forward, -1.0, 0.0),
+    ];
+    let (x, xv) = complex(&[3, 4, 5]);
+    for (norm, forward_power, inverse_power) in norms {
+        // dim 0 zero-padded from 3 to 7; dim -2 (= 1) trimmed from 4 to 3.
+        for (dim, axis, n) in [(0isize, 0usize, 7usize), (-2, 1, 3), (2, 2, 5)] {
+            let args = FftArgs::along(Some(n), dim, norm);
+            let forward_scale = (n as f64).powf(forward_power);
+            let inverse_scale = (n as f64).powf(inverse_power);
+            let what = format!("{norm:?} dim {dim} n {n}");
+            let want = dft_along(&xv, &[3, 4, 5], axis, (n, false, forward_scale));
+            check(fft::fft_with(&x, &args).unwrap(), want, &what);
+            let want = dft_along(&xv, &[3, 4, 5], axis, (n, true, inverse_scale));
+            check(fft::ifft_with(&x, &args).unwrap(), want, &what);
+        }
+        // fft2 over dims (0, 2) with s = (4, 6), and fftn over all dims: separable.
+        let args = FftArgs {
+            s: Some(vec![4, 6]),
+            dim: Some(vec![0, 2]),
+            norm,
+        };
+        let scale = (24f64).powf(forward_power);
+        let (once, shape) = dft_along(&xv, &[3, 4, 5], 0, (4, false, scale));
+        let want = dft_along(&once, &shape, 2, (6, false, 1.0));
+        check(fft::fft2_with(&x, &args).unwrap(), want, "fft2");
+        let all = FftArgs {
+            norm,
+            ..FftArgs::default()
+        };
+        let (a, sa) = dft_along(&xv, &[3, 4, 5], 0, (3, true, 60f64.powf(inverse_power)));
+        let (b, sb) = dft_along(&a, &sa, 1, (4, true, 1.0));
+        check(
+            fft::ifftn(&x, &all).unwrap(),
+            dft_along(&b, &sb, 2, (5, true, 1.0)),
+            "ifftn",
+        );
+        // Real signals along the middle dimension, padded to 8: the half-spectrum is the
+        // first 5 coefficients of the complex DFT; irfft with the same arguments undoes it.
+        let real = random(3 * 6 * 2);
+        let rx = tensor(&real, &[3, 6, 2]);
+        let args = FftArgs::along(Some(8), 1, norm);
+        let spectrum = fft::rfft_with(&rx, &args).unwrap();
+        assert_eq!(spectrum.shape(), &[3, 5, 2, 2]);
+        let as_complex: Vec<f64> = real.iter().flat_map(|&r| [r, 0.0]).collect();
+        let (full, _) = dft_along(
+            &as_complex,
+            &[3, 6, 2],
+            1,
+            (8, false, 8f64.powf(forward_power)),
+        );
+        let want: Vec<f64> = (0..3 * 5 * 2 * 2)
+            .map(|e| {
+                let (o, k, i, part) = (e / 20, e / 4 % 5, e / 2 % 2, e % 2);
+                full[((o * 8 + k) * 2 + i) * 2 + part]
+            })
+            .collect();
+        let err = rel_err(&spectrum.to_f64().unwrap(), &want);
+        assert!(err < 1e-12, "rfft {norm:?}: {err}");
+        let back = fft::irfft_with(&spectrum, &args).unwrap();
+        assert_eq!(back.shape(), &[3, 8, 2]);
+        let padded: Vec<f64> = (0..3 * 8 * 2)
+            .map(|e| {
+                let (o, j, i) = (e / 16, e / 2 % 8, e % 2);
+                if j < 6 {
+                    real[(o * 6 + j) * 2 + i]
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        assert!(
+            rel_err(&back.to_f64().unwrap(), &padded) < 1e-12,
+            "irfft {norm:?}"
+        );
+    }
+    // The defaults are the plain forms.
+    assert_eq!(
+        fft::fft_with(&x, &FftArgs::default())
+            .unwrap()
+            .to_f64()
+            .unwrap(),
+        fft::fft(&x).unwrap().to_f64().unwrap()
+    );
+    assert_eq!("ortho".parse::<Norm>().unwrap(), Norm::Ortho);
+    assert!(matches!(
+        "unitary".parse::<Norm>(),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // Bad arguments: a dimension out of range, a repeated one, sizes not matching the
+    // dimensions, two dimensions for a 1-D form, a length of 0.
+    for (what, result) in [
+        (
+            "out of range",
+            fft::fft_with(&x, &FftArgs::along(None, 3, Norm::Backward)),
+        ),
+        (
+            "out of range",
+            fft::fft_with(&x, &FftArgs::along(None, -4, Norm::Backward)),
+        ),
+        (
+            "repeated",
+            fft::fft2_with(
+                &x,
+                &FftArgs {
+                    dim: Some(vec![1, -2]),
+                    ..FftArgs::default()
+                },
+            ),
+        ),
+        (
+            "sizes",
+            fft::fft2_with(
+                &x,
+                &FftArgs {
+                    s: Some(vec![4]),
+                    ..FftArgs::default()
+                },
+            ),
+        ),
+        (
+            "1-D",
+            fft::fft_with(
+                &x,
+                &FftArgs {
+                    dim: Some(vec![0, 1]),
+                    ..FftArgs::default()
+                },
+            ),
+        ),
+        (
+            "length 0",
+            fft::fft_with(&x, &FftArgs::along(Some(0), 0, Norm::Backward)),
+        ),
+    ] {
+        assert!(
+            matches!(result, Err(Error::ShapeMismatch { .. })),
+            "{what}: {result:?}"
+        );
+    }
+}

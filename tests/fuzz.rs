@@ -30,6 +30,8 @@ const REGRESSIONS: &[u64] = &[
     196_004_129, // matmul: a reference over a shape whose product wraps
     5_002_156,   // full(1, [2^53, 3, 0, 5]): empty, its strides fit, so it is allocated
     20_261_263_792_447, // sdpa decoding at a value dim of 0: a panic in the split-KV change
+    20_261_263_784_122, // fft_with with a dimension of 0: panics padding it and in the reference
+    20_261_263_783_628, // sdpa_paged at Lq 4: a test reference reading q head-major wrongly
 ];
 
 /// A small seeded generator (splitmix64).
@@ -1260,15 +1262,26 @@ fn fft_case(rng: &mut Rng) -> Result<(), String> {
         return Ok(());
     };
     let x = laid_out(rng, x, &xv)?;
-    let which = rng.below(6);
+    let which = rng.below(8);
     let irfft_n = rng.chance(50).then(|| rng.below(10));
+    // The arguments of fft_with / ifft_with (6, 7): a dimension of the complex tensor
+    // (sometimes out of range), a size (trimming or padding), a normalisation.
+    let logical = shape.len().saturating_sub(1) as isize;
+    let dim = rng.below(2 * logical as usize + 2) as isize - logical - 1;
+    let args = fft::FftArgs::along(
+        rng.chance(50).then(|| rng.below(9)),
+        dim,
+        [fft::Norm::Backward, fft::Norm::Ortho, fft::Norm::Forward][rng.below(3)],
+    );
     let result = match which {
         0 => fft::fft(&x),
         1 => fft::ifft(&x),
         2 => fft::fft2(&x),
         3 => fft::ifft2(&x),
         4 => fft::rfft(&x),
-        _ => fft::irfft(&x, irfft_n),
+        5 => fft::irfft(&x, irfft_n),
+        6 => fft::fft_with(&x, &args),
+        _ => fft::ifft_with(&x, &args),
     };
     let Some(out) = typed(result) else {
         return Ok(());
@@ -1288,6 +1301,47 @@ fn fft_case(rng: &mut Rng) -> Result<(), String> {
                 v = direct_dft(&v, &dims, axis, inverse);
             }
             (flat(&v), shape.clone())
+        }
+        6 | 7 => {
+            let mut dims = shape[..shape.len() - 1].to_vec();
+            let axis = (dim + if dim < 0 { logical } else { 0 }) as usize;
+            let n = args.s.as_ref().map_or(dims[axis], |s| s[0]);
+            // Each line along the axis trimmed or zero-padded to n, transformed directly.
+            let (outer, inner) = (
+                dims[..axis].iter().product::<usize>(),
+                dims[axis + 1..].iter().product::<usize>(),
+            );
+            let v = pairs(&xv);
+            let resized: Vec<(f64, f64)> = (0..outer * n * inner)
+                .map(|e| {
+                    let (o, j, i) = (e / (n * inner), e / inner % n, e % inner);
+                    if j < dims[axis] {
+                        v[(o * dims[axis] + j) * inner + i]
+                    } else {
+                        (0.0, 0.0)
+                    }
+                })
+                .collect();
+            dims[axis] = n;
+            let inverse = which == 7;
+            // direct_dft divides inverses by n ("backward"); the others rescale.
+            let factor = match (args.norm, inverse) {
+                (fft::Norm::Backward, _) => 1.0,
+                (fft::Norm::Ortho, false) => 1.0 / (n as f64).sqrt(),
+                (fft::Norm::Ortho, true) => (n as f64).sqrt(),
+                (fft::Norm::Forward, false) => 1.0 / n as f64,
+                (fft::Norm::Forward, true) => n as f64,
+            };
+            // (No signal at all where another dimension is 0.)
+            let v = if resized.is_empty() {
+                resized
+            } else {
+                direct_dft(&resized, &dims, axis, inverse)
+            };
+            let scaled: Vec<(f64, f64)> =
+                v.iter().map(|&(r, i)| (r * factor, i * factor)).collect();
+            dims.push(2);
+            (flat(&scaled), dims)
         }
         4 => {
             let n = shape[shape.len() - 1];
@@ -1336,7 +1390,7 @@ fn fft_case(rng: &mut Rng) -> Result<(), String> {
     compared();
     if rel_err(&got, &want) > bound(dt).max(1e-5) {
         return Err(format!(
-            "transform {which} of {shape:?} (n {irfft_n:?}): {}",
+            "transform {which} of {shape:?} (n {irfft_n:?}, {args:?}): {}",
             rel_err(&got, &want)
         ));
     }

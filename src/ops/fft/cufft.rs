@@ -53,6 +53,7 @@ pub(super) fn transform(
     direction: Direction,
     (sizes, out_shape): (Vec<usize>, Vec<usize>),
     input: Option<Tensor>,
+    scale: f64,
 ) -> Result<Tensor> {
     let dtype = x.dtype();
     if !matches!(dtype, DType::F32 | DType::F64) {
@@ -94,7 +95,7 @@ pub(super) fn transform(
         &key,
         (buffer, input.offset() * dtype.size()),
         out_numel * dtype.size(),
-        norm,
+        scale,
     )?;
     Ok(tensor(out, &out_shape, dtype, ordinal))
 }
@@ -183,7 +184,8 @@ fn plan(ordinal: usize, key: &PlanKey) -> Result<Plan> {
 }
 
 /// Runs `plan` (made for `key`) on the contiguous signals at byte `offset` of `input`, into
-/// a new buffer of `out_len` bytes, then scales inverse transforms by 1/`norm`. C2R
+/// a new buffer of `out_len` bytes, then multiplies the result by `factor` (the
+/// normalisation; nothing to do for 1). C2R
 /// transforms overwrite their input: pass them a scratch copy.
 fn run(
     ordinal: usize,
@@ -191,7 +193,7 @@ fn run(
     key: &PlanKey,
     (input, offset): (&CudaBuffer, usize),
     out_len: usize,
-    norm: usize,
+    factor: f64,
 ) -> Result<CudaBuffer> {
     let out = CudaBuffer::zeroed(ordinal, out_len)?;
     execute(
@@ -201,8 +203,8 @@ fn run(
         input.driver_view(offset)?,
         out.driver_view(0)?,
     )?;
-    if matches!(key.direction, Direction::Inverse | Direction::RealInverse) {
-        scale(ordinal, &out, key.dtype, 1.0 / norm as f64)?;
+    if factor != 1.0 {
+        scale(ordinal, &out, key.dtype, factor)?;
     }
     Ok(out)
 }

@@ -152,11 +152,13 @@ where
     Ok(())
 }
 
-/// The complex transform of the last `dims` dimensions of `x` (stored `[..., 2]`), in `T`.
+/// The complex transform of the last `dims` dimensions of `x` (stored `[..., 2]`), in `T`,
+/// multiplied by `scale` (the normalisation).
 pub(super) fn complex_transform<T: Real>(
     x: &Tensor,
     dims: usize,
     direction: Direction,
+    scale: f64,
 ) -> Result<Tensor>
 where
     Complex<T>: bytemuck::Pod,
@@ -202,16 +204,21 @@ where
             columns(plan, data, (sizes[d], inner))?;
         }
     }
-    if inverse {
-        let norm: usize = sizes.iter().product();
-        let scale = T::one() / T::from_usize(norm).expect("a length is a float");
-        values.iter_mut().for_each(|v| *v = *v * scale);
-    }
+    scaled(&mut values, scale);
     T::store(values, x.shape(), x.dtype())
 }
 
-/// The first `n / 2 + 1` DFT coefficients of each length-`n` line of real `x`.
-pub(super) fn real_forward<T: Real>(x: &Tensor, n: usize) -> Result<Tensor>
+/// `values *= scale` (nothing to do for 1).
+fn scaled<T: Real>(values: &mut [T], scale: f64) {
+    if scale != 1.0 {
+        let scale = T::from_f64(scale).unwrap_or_default();
+        values.iter_mut().for_each(|v| *v = *v * scale);
+    }
+}
+
+/// The first `n / 2 + 1` DFT coefficients of each length-`n` line of real `x`, multiplied
+/// by `scale`.
+pub(super) fn real_forward<T: Real>(x: &Tensor, n: usize, scale: f64) -> Result<Tensor>
 where
     Complex<T>: bytemuck::Pod,
 {
@@ -248,16 +255,17 @@ where
             }
         });
     }
+    scaled(&mut out_values, scale);
     T::store(out_values, &shape, x.dtype())
 }
 
-/// The real length-`n` signals (divided by n) of the half-spectra `half` (`n / 2 + 1`
-/// coefficients per line as (real, imaginary) pairs, edge imaginary parts 0), shaped
-/// `out_shape`.
+/// The real length-`n` signals (multiplied by `scale`) of the half-spectra `half`
+/// (`n / 2 + 1` coefficients per line as (real, imaginary) pairs, edge imaginary parts 0),
+/// shaped `out_shape`.
 pub(super) fn real_inverse<T: Real>(
     x: &Tensor,
     half: &[f64],
-    n: usize,
+    (n, scale): (usize, f64),
     out_shape: &[usize],
 ) -> Result<Tensor>
 where
@@ -283,7 +291,7 @@ where
             crate::core::verbose::creation_event(|| format!("fft plan [{n}] RealInverse"));
             Ok(RealFftPlanner::<T>::new().plan_fft_inverse(n))
         })?;
-        let scale = T::one() / T::from_usize(n).expect("a length is a float");
+        let scale = T::from_f64(scale).unwrap_or_default();
         let per = lines_per_run(lines_count, width);
         let work: Vec<_> = spectra
             .chunks_mut(per * width)
