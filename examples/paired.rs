@@ -212,12 +212,7 @@ fn main() -> Result<()> {
                 drop(einsum(equation, &operands.iter().collect::<Vec<_>>())?)
             }
             Work::Mha(x, heads, [w_in, b_in, w_out, b_out]) => {
-                let weights = MhaWeights {
-                    in_proj_weight: w_in,
-                    in_proj_bias: Some(b_in),
-                    out_proj_weight: w_out,
-                    out_proj_bias: Some(b_out),
-                };
+                let weights = MhaWeights::packed(w_in, Some(b_in), w_out, Some(b_out));
                 let options = MhaOptions::default();
                 drop(multi_head_attention_forward(
                     x, x, x, *heads, &weights, &options,

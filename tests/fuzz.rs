@@ -1442,13 +1442,9 @@ fn mha_case(rng: &mut Rng) -> Result<(), String> {
         key_padding_mask: mask.as_ref().filter(|_| rng.chance(50)),
         need_weights: rng.chance(30),
         is_causal: rng.chance(20),
+        ..MhaOptions::default()
     };
-    let weights = MhaWeights {
-        in_proj_weight: &w_in,
-        in_proj_bias: None,
-        out_proj_weight: &w_out,
-        out_proj_bias: None,
-    };
+    let weights = MhaWeights::packed(&w_in, None, &w_out, None);
     let key = if rng.chance(50) { &x } else { &kv };
     if let Some(out) = typed(mha::multi_head_attention_forward(
         &x, key, key, heads, &weights, &options,

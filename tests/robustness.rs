@@ -127,12 +127,7 @@ fn mha_with_an_embedding_of_0() {
     // Also with a batch so large that walking it would never end.
     let x = Tensor::from_vec(Vec::<f32>::new(), &[1 << 40, 3, 0], Device::Cpu).unwrap();
     let w = Tensor::from_vec(Vec::<f32>::new(), &[0, 0], Device::Cpu).unwrap();
-    let weights = MhaWeights {
-        in_proj_weight: &w,
-        in_proj_bias: None,
-        out_proj_weight: &w,
-        out_proj_bias: None,
-    };
+    let weights = MhaWeights::packed(&w, None, &w, None);
     let out = no_panic("mha with E = 0", || {
         mha::multi_head_attention_forward(&x, &x, &x, 1, &weights, &MhaOptions::default())
     });
@@ -153,12 +148,7 @@ fn mha_sizes_that_overflow_are_errors() {
     // A byte-sized dtype lets E reach past usize::MAX / 3: the packed projection's 3E
     // overflows (found reviewing the size arithmetic).
     let x = Tensor::from_bools(&[], &[0, 0, (1 << 62) + 1], Device::Cpu).unwrap();
-    let weights = MhaWeights {
-        in_proj_weight: &x,
-        in_proj_bias: None,
-        out_proj_weight: &x,
-        out_proj_bias: None,
-    };
+    let weights = MhaWeights::packed(&x, None, &x, None);
     let out = no_panic("mha with 3E > usize::MAX", || {
         mha::multi_head_attention_forward(&x, &x, &x, 1, &weights, &MhaOptions::default())
     });
@@ -167,12 +157,7 @@ fn mha_sizes_that_overflow_are_errors() {
     let q = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 40, 4], Device::Cpu).unwrap();
     let w_in = Tensor::from_vec(vec![0.5f32; 48], &[12, 4], Device::Cpu).unwrap();
     let w_out = Tensor::from_vec(vec![0.5f32; 16], &[4, 4], Device::Cpu).unwrap();
-    let weights = MhaWeights {
-        in_proj_weight: &w_in,
-        in_proj_bias: None,
-        out_proj_weight: &w_out,
-        out_proj_bias: None,
-    };
+    let weights = MhaWeights::packed(&w_in, None, &w_out, None);
     let out = no_panic("mha with L·S past the address space", || {
         mha::multi_head_attention_forward(&q, &q, &q, 2, &weights, &MhaOptions::default())
     });
