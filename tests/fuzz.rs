@@ -32,6 +32,7 @@ const REGRESSIONS: &[u64] = &[
     20_261_263_792_447, // sdpa decoding at a value dim of 0: a panic in the split-KV change
     20_261_263_784_122, // fft_with with a dimension of 0: panics padding it and in the reference
     20_261_263_783_628, // sdpa_paged at Lq 4: a test reference reading q head-major wrongly
+    20_261_263_785_265, // mha with bias_k and S = 0: masks widened from empty rows (a panic)
 ];
 
 /// A small seeded generator (splitmix64).
@@ -1438,18 +1439,43 @@ fn mha_case(rng: &mut Rng) -> Result<(), String> {
         .map(|_| rng.chance(20))
         .collect();
     let mask = Tensor::from_bools(&padding, &[n, s], Device::Cpu).ok();
+    // An attention mask of a right or wrong shape, boolean or float.
+    let mask_shape = [
+        vec![l, s],
+        vec![n.saturating_mul(heads), l, s],
+        vec![l, s + 1],
+    ][rng.below(3)]
+    .clone();
+    let attn_mask = if rng.chance(50) {
+        tensor(rng, &mask_shape, dt).map(|t| t.0)
+    } else {
+        numel(&mask_shape)
+            .filter(|&c| c <= 4096)
+            .and_then(|c| Tensor::from_bools(&vec![false; c], &mask_shape, Device::Cpu).ok())
+    };
     let options = MhaOptions {
         key_padding_mask: mask.as_ref().filter(|_| rng.chance(50)),
+        attn_mask: attn_mask.as_ref().filter(|_| rng.chance(30)),
         need_weights: rng.chance(30),
+        average_attn_weights: rng.chance(70),
         is_causal: rng.chance(20),
-        ..MhaOptions::default()
+        add_zero_attn: rng.chance(20),
+        batch_first: rng.chance(80),
     };
-    let weights = MhaWeights::packed(&w_in, None, &w_out, None);
+    let bias = tensor(rng, &[1, 1, e], dt);
+    let weights = MhaWeights {
+        bias_kv: bias
+            .as_ref()
+            .filter(|_| rng.chance(20))
+            .map(|b| (&b.0, &b.0)),
+        ..MhaWeights::packed(&w_in, None, &w_out, None)
+    };
     let key = if rng.chance(50) { &x } else { &kv };
     if let Some(out) = typed(mha::multi_head_attention_forward(
         &x, key, key, heads, &weights, &options,
     )) {
         compared();
+        // (Sequence-first calls read [n, l, e] as [L = n, N = l, E].)
         if out.output.shape() != [n, l, e] {
             return Err(format!(
                 "output {:?} for [{n}, {l}, {e}]",

@@ -353,6 +353,22 @@ fn appended(x: &Tensor, rows: &[Vec<f64>]) -> Result<Tensor> {
     Tensor::from_f64(&out, &[n, s + rows.len(), e], x.dtype(), x.device())
 }
 
+/// `rows` rows of `width` values, each followed by `extra` copies of `fill` (the appended
+/// keys' columns).
+fn widened<T: Copy>(values: &[T], (rows, width): (usize, usize), extra: usize, fill: T) -> Vec<T> {
+    let wide = width + extra;
+    (0..rows * wide)
+        .map(|at| {
+            let (row, column) = (at / wide, at % wide);
+            if column < width {
+                values[row * width + column]
+            } else {
+                fill
+            }
+        })
+        .collect()
+}
+
 /// The masks of one call on the host, over the key length with the appended keys: key
 /// padding `[N, S]` (true hides) and the additive attention mask (`-inf` where a boolean
 /// mask hides), `[L, S]` or `[N·H, L, S]`.
@@ -373,18 +389,7 @@ impl Masks {
                     m.dtype()
                 )));
             }
-            Some(m) => {
-                let given = m.to_bools()?;
-                Some(
-                    given
-                        .chunks(s_given.max(1))
-                        .take(dm.n)
-                        .flat_map(|row| {
-                            row.iter().copied().chain(std::iter::repeat_n(false, extra))
-                        })
-                        .collect(),
-                )
-            }
+            Some(m) => Some(widened(&m.to_bools()?, (dm.n, s_given), extra, false)),
             None => None,
         };
         let attn = match options.attn_mask {
@@ -411,11 +416,8 @@ impl Masks {
                 } else {
                     m.to_f64()?
                 };
-                let widened = values
-                    .chunks(s_given.max(1))
-                    .flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0.0, extra)))
-                    .collect();
-                Some((widened, per_head))
+                let rows = if per_head { dm.n * dm.h * dm.l } else { dm.l };
+                Some((widened(&values, (rows, s_given), extra, 0.0), per_head))
             }
         };
         Ok(Masks { padding, attn })
