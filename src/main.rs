@@ -440,8 +440,21 @@ fn run_serving(q: &Query) -> backends::Result<String> {
             pairs,
         )
     };
+    let flops = 4.0 * (h * d) as f64 * pairs;
+    report(q, &label, &out, &want, (seconds, flops))
+}
+
+/// What `backends sdpa` prints: the call (`label`, dtype, masking, device), the backend
+/// that ran, its relative error against `want` and its time and throughput.
+fn report(
+    q: &Query,
+    label: &str,
+    out: &backends::SdpaOutput,
+    want: &[f64],
+    (seconds, flops): (f64, f64),
+) -> backends::Result<String> {
     let got = out.output.to_f64()?;
-    let diff: f64 = got.iter().zip(&want).map(|(a, r)| (a - r) * (a - r)).sum();
+    let diff: f64 = got.iter().zip(want).map(|(a, r)| (a - r) * (a - r)).sum();
     let norm: f64 = want.iter().map(|r| r * r).sum();
     Ok(format!(
         "SDPA {label}, {}, {}, on {}\n\
@@ -452,7 +465,7 @@ fn run_serving(q: &Query) -> backends::Result<String> {
         out.backend,
         (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
         seconds * 1e3,
-        4.0 * (h * d) as f64 * pairs / seconds / 1e12
+        flops / seconds / 1e12
     ))
 }
 
@@ -536,25 +549,9 @@ fn run_sdpa(q: &Query) -> backends::Result<String> {
         let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
         run(&exact)?.output.to_f64()?
     };
-    let got = out.output.to_f64()?;
-    let diff: f64 = got
-        .iter()
-        .zip(&reference)
-        .map(|(a, r)| (a - r) * (a - r))
-        .sum();
-    let norm: f64 = reference.iter().map(|r| r * r).sum();
     let flops = 4.0 * (b * h * d) as f64 * visible_pairs(q, lq, lk);
-    Ok(format!(
-        "SDPA q [{b}, {h}, {lq}, {d}], k/v [{b}, {hk}, {lk}, {d}], {}, {}, on {}\n\
-         backend: {}\nrelative error vs float64 math: {:.2e}\ntime: {:.3} ms ({:.3} TFLOP/s)\n",
-        q.dtype,
-        masking_text(q.causal, q.window),
-        q.device,
-        out.backend,
-        (diff / norm.max(f64::MIN_POSITIVE)).sqrt(),
-        seconds * 1e3,
-        flops / seconds / 1e12
-    ))
+    let label = format!("q [{b}, {h}, {lq}, {d}], k/v [{b}, {hk}, {lk}, {d}]");
+    report(q, &label, &out, &reference, (seconds, flops))
 }
 
 /// How many (query, key) pairs the call's causal mask and window leave visible (the

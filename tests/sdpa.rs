@@ -43,7 +43,7 @@ fn host(t: &Tensor) -> Vec<f64> {
 }
 
 /// What one case asks for.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Case {
     b: usize,
     h: usize,
@@ -257,11 +257,7 @@ fn cpu_fused_path_matches_the_reference() {
     for c in shapes() {
         let (err, backend) = run::<f32>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
-        assert!(
-            err < 1e-5,
-            "f32 {:?}: {err}",
-            (c.lq, c.lk, c.d, c.causal, c.lower_right, c.window, c.mask)
-        );
+        assert!(err < 1e-5, "f32 {c:?}: {err}");
         // f64 computes in f64, as PyTorch's CPU flash kernel does for it.
         let (err, backend) = run::<f64>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
@@ -473,17 +469,6 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
 /// 1e-2), on the fused path, with `trace` in its trace where the CPU has a vector level the
 /// decoding kernel runs on.
 fn decodes_within_bounds(c: Case, trace: &str) {
-    let what = (
-        c.lq,
-        c.lk,
-        c.d,
-        c.h,
-        c.hk,
-        c.causal,
-        c.lower_right,
-        c.window,
-        c.mask,
-    );
     let vector_level = matches!(
         backends::cpu::get_cpu_capability(),
         backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
@@ -498,12 +483,9 @@ fn decodes_within_bounds(c: Case, trace: &str) {
         let lines = capture.take();
         assert_eq!(backend, SdpBackend::Flash);
         let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-        assert!(err < bound, "{dtype} {what:?}: {err}");
+        assert!(err < bound, "{dtype} {c:?}: {err}");
         if vector_level {
-            assert!(
-                lines.iter().any(|l| l.contains(trace)),
-                "{what:?}: {lines:?}"
-            );
+            assert!(lines.iter().any(|l| l.contains(trace)), "{c:?}: {lines:?}");
         }
     }
 }
@@ -586,23 +568,12 @@ fn split_key_decoding_matches_the_reference() {
 #[test]
 fn cpu_fused_path_matches_the_reference_on_16_bit_inputs() {
     for c in shapes() {
-        let what = (
-            c.lq,
-            c.lk,
-            c.d,
-            c.h,
-            c.hk,
-            c.causal,
-            c.lower_right,
-            c.window,
-            c.mask,
-        );
         let (err, backend) = run::<bf16>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
-        assert!(err < 1e-2, "bf16 {what:?}: {err}");
+        assert!(err < 1e-2, "bf16 {c:?}: {err}");
         let (err, backend) = run::<f16>(c, Device::Cpu);
         assert_eq!(backend, SdpBackend::Flash);
-        assert!(err < 2e-3, "f16 {what:?}: {err}");
+        assert!(err < 2e-3, "f16 {c:?}: {err}");
     }
 }
 

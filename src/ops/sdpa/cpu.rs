@@ -261,18 +261,21 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     if !rest.is_empty() {
         chunks.push(rest);
     }
-    let block_len = BLOCK_M
-        .checked_mul(s.d)
-        .ok_or_else(|| Error::ShapeMismatch {
-            op: OP_CPU,
-            detail: format!("head dim {} is too large for a query block", s.d),
-        })?;
+    let block_len = query_block_len(s.d)?;
     let chunks: Vec<Chunk> = chunks
         .into_iter()
         .map(|chunk| Ok((chunk, host_zeros(OP_CPU, block_len)?)))
         .collect::<Result<_>>()?;
     crate::runtime::threads::for_each(chunks, &work);
     finish(q.dtype(), out, lse, &[s.b, s.h, s.lq], out_shape)
+}
+
+/// The floats of one thread's block of scaled queries (`BLOCK_M` rows of `d`).
+fn query_block_len(d: usize) -> Result<usize> {
+    BLOCK_M.checked_mul(d).ok_or_else(|| Error::ShapeMismatch {
+        op: OP_CPU,
+        detail: format!("head dim {d} is too large for a query block"),
+    })
 }
 
 /// The fused path for the serving calls (packed sequences, paged caches): threads over
@@ -320,12 +323,7 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
     // Contiguous runs of items of about equal cost, one per thread.
     let threads = crate::get_num_threads().min(items.len()).max(1);
     let total: usize = items.iter().map(|item| item.4).sum();
-    let block_len = BLOCK_M
-        .checked_mul(s.d)
-        .ok_or_else(|| Error::ShapeMismatch {
-            op: OP_CPU,
-            detail: format!("head dim {} is too large for a query block", s.d),
-        })?;
+    let block_len = query_block_len(s.d)?;
     type Item<'o> = (
         usize,
         usize,

@@ -184,6 +184,31 @@ impl GpuRows {
 }
 
 impl<'a> Job<'a> {
+    /// The call of q, k, v (sizes `shape`) with `options` over `seqs`: its scale (`1 / √D`
+    /// by default) and output shape (q's with the value dim last), whose element count is
+    /// checked to fit (every size the kernels compute from it then does); no dropout draw.
+    pub(super) fn new(
+        [query, key, value]: [&'a Tensor; 3],
+        options: &'a SdpaOptions<'a>,
+        shape: Shape,
+        seqs: Option<Sequences<'a>>,
+    ) -> Result<Job<'a>> {
+        let mut out_shape = query.shape().to_vec();
+        *out_shape.last_mut().expect("validated rank") = shape.dv;
+        crate::core::tensor::checked_numel(super::OP, &out_shape, query.dtype())?;
+        Ok(Job {
+            query,
+            key,
+            value,
+            options,
+            shape,
+            scale: options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt()),
+            out_shape,
+            dropout: None,
+            seqs,
+        })
+    }
+
     /// The query and key lengths of sequence `b`.
     pub(super) fn lengths(&self, b: usize) -> (usize, usize) {
         match self.seqs {

@@ -205,7 +205,7 @@ pub fn sdpa(
         _ => *options,
     };
     let shape = Shape::of(query, key, value);
-    let scale = options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
+    let mut job = Job::new([query, key, value], options, shape, None)?;
     let describe = |note: &str| {
         let note = match pin {
             Some(_) => format!("{note}, pinned by #[sdpa_kernel]"),
@@ -219,21 +219,17 @@ pub fn sdpa(
             precision: note,
         }
     };
-    let mut out_shape = query.shape().to_vec();
-    *out_shape.last_mut().expect("validated rank") = shape.dv;
-    // Every size the kernels compute from the output's shape then fits.
-    let out_numel = crate::core::tensor::checked_numel(OP, &out_shape, query.dtype())?;
-    if backend == SdpBackend::Math && out_numel == 0 {
+    if backend == SdpBackend::Math && job.out_shape.contains(&0) {
         // Nothing to write (no query row, or a value dim of 0): the empty result, without
         // walking rows that hold nothing.
         return Ok(SdpaOutput {
-            output: Tensor::from_f64(&[], &out_shape, query.dtype(), query.device())?,
+            output: Tensor::from_f64(&[], &job.out_shape, query.dtype(), query.device())?,
             lse: None,
             backend,
         });
     }
     // Dropout draws one value per weight, B x H x Lq x Lk of them.
-    let dropout = (options.dropout_p > 0.0).then(|| {
+    job.dropout = (options.dropout_p > 0.0).then(|| {
         let count = [shape.b, shape.h, shape.lq, shape.lk]
             .iter()
             .fold(1u64, |n, &x| n.saturating_mul(x as u64));
@@ -242,17 +238,6 @@ pub fn sdpa(
             .unwrap_or_else(|| default_generator(query.device()))
             .draw(count)
     });
-    let job = Job {
-        query,
-        key,
-        value,
-        options,
-        shape,
-        scale,
-        out_shape,
-        dropout,
-        seqs: None,
-    };
     match (query.device(), backend) {
         (Device::Cpu, SdpBackend::Math) => trace::kernel(describe("math, f32 compute"), || {
             Ok(SdpaOutput {

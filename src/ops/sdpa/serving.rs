@@ -264,21 +264,7 @@ fn run(
         k.as_ref().unwrap_or(key),
         v.as_ref().unwrap_or(value),
     );
-    let scale = options.scale.unwrap_or(1.0 / (shape.d as f64).sqrt());
-    let mut out_shape = query.shape().to_vec();
-    *out_shape.last_mut().expect("rank 3 or 4") = shape.dv;
-    crate::core::tensor::checked_numel(OP, &out_shape, query.dtype())?;
-    let job = Job {
-        query,
-        key,
-        value,
-        options,
-        shape,
-        scale,
-        out_shape,
-        dropout: None,
-        seqs: Some(seqs),
-    };
+    let job = Job::new([query, key, value], options, shape, Some(seqs))?;
     let note = match device {
         Device::Cpu => format!(
             "{}, {}",
