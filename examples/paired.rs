@@ -13,7 +13,8 @@
 //! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
 //! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
-//! with bias, the fast path). Inputs are made once per distinct line. A line `threads <n>`
+//! with bias, the fast path) or `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|svd> <n>`
+//! (one `[n, n]` symmetric, diagonally dominant matrix: positive-definite). Inputs are made once per distinct line. A line `threads <n>`
 //! sets the thread count of the calls after it (and prints 0), so that one process can
 //! alternate thread counts call by call.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
@@ -23,7 +24,7 @@ use std::time::Instant;
 
 use backends::mha::{MhaOptions, MhaWeights, multi_head_attention_forward};
 use backends::{
-    DType, Device, PagedKv, SdpaOptions, Tensor, einsum, fft, matmul, sdpa, sdpa_paged,
+    DType, Device, PagedKv, SdpaOptions, Tensor, einsum, fft, linalg, matmul, sdpa, sdpa_paged,
 };
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -38,6 +39,7 @@ enum Work {
     /// Input, heads, then the in- and out-projection weights and biases.
     Mha(Tensor, usize, [Tensor; 4]),
     Paged([Tensor; 3], Vec<usize>, usize),
+    Linalg(String, Tensor),
 }
 
 /// Values in [-1, 1) without a random generator (the timing does not depend on them).
@@ -164,6 +166,23 @@ fn parse(line: &str) -> Result<Work> {
                 ],
             ))
         }
+        Some(&"linalg") => {
+            let n = number(3)?;
+            // Symmetric, and each diagonal element n exceeds its row's other n - 1 in sum.
+            let values: Vec<f64> = (0..n * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let (lo, hi) = (i.min(j), i.max(j));
+                    if i == j {
+                        n as f64
+                    } else {
+                        ((lo * 7919 + hi * 104_729) % 1000) as f64 / 1000.0 - 0.5
+                    }
+                })
+                .collect();
+            let a = Tensor::from_f64(&values, &[n, n], dtype, Device::Cpu)?;
+            Ok(Work::Linalg(words.get(2).ok_or_else(bad)?.to_string(), a))
+        }
         _ => Err(bad().into()),
     }
 }
@@ -218,6 +237,15 @@ fn main() -> Result<()> {
                     x, x, x, *heads, &weights, &options,
                 )?);
             }
+            Work::Linalg(op, a) => match op.as_str() {
+                "inv" => drop(linalg::inv(a)?),
+                "cholesky" => drop(linalg::cholesky(a, false)?),
+                "lu_factor" => drop(linalg::lu_factor(a)?),
+                "qr" => drop(linalg::qr(a, linalg::QrMode::Reduced)?),
+                "eigh" => drop(linalg::eigh(a, false)?),
+                "svd" => drop(linalg::svd(a, false)?),
+                other => return Err(format!("no linalg op {other:?}").into()),
+            },
         }
         let seconds = start.elapsed().as_secs_f64();
         let mut out = stdout.lock();

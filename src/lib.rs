@@ -77,7 +77,7 @@ pub use crate::core::determinism::{
 };
 pub use crate::core::device::Device;
 pub use crate::core::dtype::DType;
-pub use crate::core::error::{Error, Result};
+pub use crate::core::error::{Error, LinAlgFailure, Result};
 pub use crate::core::flag::{Flag, FlagSource, Guard, ScopedGuard};
 pub use crate::core::generator::{Generator, initial_seed, manual_seed};
 pub use crate::core::precision::{
@@ -94,7 +94,7 @@ pub use crate::ops::sdpa::serving::{PagedKv, Varlen, sdpa_paged, sdpa_varlen};
 pub use crate::ops::sdpa::{
     CausalVariant, SdpaOptions, SdpaOutput, Window, scaled_dot_product_attention, sdpa,
 };
-pub use crate::ops::{einsum, fft, sdpa};
+pub use crate::ops::{einsum, fft, linalg, sdpa};
 pub use crate::runtime::threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};
 pub use crate::runtime::wgpu::adapters;
 pub use backends_macros::sdpa_kernel;

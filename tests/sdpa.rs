@@ -38,7 +38,7 @@ fn host(t: &Tensor) -> Vec<f64> {
             .into_iter()
             .map(f64::from)
             .collect(),
-        DType::Bool => panic!("not a float tensor"),
+        DType::Bool | DType::I32 => panic!("not a float tensor"),
     }
 }
 

@@ -16,6 +16,8 @@ option_enum! {
         F64 = "f64" | "float64" | "double",
         /// Boolean (attention masks).
         Bool = "bool",
+        /// 32-bit signed integer (`lu_factor`'s pivots).
+        I32 = "i32" | "int32" | "int",
     }
 }
 
@@ -24,7 +26,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F16 | DType::Bf16 => 2,
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F64 => 8,
             DType::Bool => 1,
         }
@@ -32,7 +34,7 @@ impl DType {
 
     /// Whether this is a floating-point type.
     pub fn is_float(self) -> bool {
-        self != DType::Bool
+        !matches!(self, DType::Bool | DType::I32)
     }
 
     /// The kernel element type it is stored as (`None` for `Bool`).
@@ -42,7 +44,7 @@ impl DType {
             DType::Bf16 => Some(Elem::Bf16),
             DType::F32 => Some(Elem::F32),
             DType::F64 => Some(Elem::F64),
-            DType::Bool => None,
+            DType::Bool | DType::I32 => None,
         }
     }
 }

@@ -94,6 +94,17 @@ pub enum Error {
         /// Each enabled backend with its reasons.
         reasons: Vec<crate::core::sdp::Verdict>,
     },
+    /// A matrix of the batch has no factorization or inverse (`torch.linalg.LinAlgError`):
+    /// `batch` is its index in the flattened batch (`None` for an unbatched input).
+    #[error("{op}: {}{failure}", batch_prefix(*batch))]
+    LinAlg {
+        /// The operation, as PyTorch names it (`linalg.inv`).
+        op: &'static str,
+        /// The failing matrix's index in the flattened batch dimensions.
+        batch: Option<usize>,
+        /// What failed.
+        failure: LinAlgFailure,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error in {call}: {detail}")]
     Driver {
@@ -102,6 +113,61 @@ pub enum Error {
         /// The driver's error.
         detail: String,
     },
+}
+
+/// Why a linear-algebra call failed on one matrix (the messages are PyTorch's, with what to
+/// do appended). Indices count from 1, as LAPACK's and PyTorch's messages do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LinAlgFailure {
+    /// An inversion met a zero on U's diagonal.
+    Singular {
+        /// The diagonal element that is zero (from 1).
+        diagonal: usize,
+    },
+    /// `lu_factor` produced a zero pivot, which `lu_solve` would divide by.
+    ZeroPivot {
+        /// The zero pivot's row and column (from 1).
+        index: usize,
+    },
+    /// Cholesky met a leading minor that is not positive-definite.
+    NotPositiveDefinite {
+        /// The order of the first such minor (from 1).
+        minor: usize,
+    },
+    /// An iterative decomposition (eigh, svd) did not converge.
+    NoConvergence,
+}
+
+impl std::fmt::Display for LinAlgFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinAlgFailure::Singular { diagonal } => write!(
+                f,
+                "The diagonal element {diagonal} is zero, the inversion could not be completed \
+                 because the input matrix is singular; check the matrix's rank"
+            ),
+            LinAlgFailure::ZeroPivot { index } => write!(
+                f,
+                "U[{index},{index}] is zero and using it on lu_solve would result in a division \
+                 by zero; call linalg::lu, which factors singular matrices too"
+            ),
+            LinAlgFailure::NotPositiveDefinite { minor } => write!(
+                f,
+                "The factorization could not be completed because the input is not \
+                 positive-definite (the leading minor of order {minor} is not positive-definite)"
+            ),
+            LinAlgFailure::NoConvergence => write!(
+                f,
+                "The algorithm failed to converge; check the input for values of extreme \
+                 magnitude"
+            ),
+        }
+    }
+}
+
+fn batch_prefix(batch: Option<usize>) -> String {
+    batch.map_or_else(String::new, |b| format!("(Batch element {b}): "))
 }
 
 /// `Result` with this crate's [`Error`].

@@ -56,6 +56,8 @@ macro_rules! element {
 }
 
 element!(f32, F32, F32, f64::from, |v| v as f32, |v| v, |v| v);
+element!(i32, I32, I32, f64::from, |v| v as i32, |v| v as f32, |v| v
+    as i32);
 element!(f64, F64, F64, |v| v, |v| v, |v| v as f32, f64::from);
 element!(
     f16,
@@ -90,6 +92,8 @@ pub enum CpuData {
     Bf16(Vec<bf16>),
     /// Booleans, one byte each (0 or 1).
     Bool(Vec<u8>),
+    /// 32-bit integers.
+    I32(Vec<i32>),
 }
 
 /// Memory a runtime keeps on a device (a wgpu or CUDA buffer). The tensor only reads it
@@ -445,6 +449,7 @@ impl Tensor {
             DType::F64 => self.to_vec::<f64>()?,
             DType::F16 => self.to_vec::<f16>()?.into_iter().map(f64::from).collect(),
             DType::Bf16 => self.to_vec::<bf16>()?.into_iter().map(f64::from).collect(),
+            DType::I32 => self.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
             DType::Bool => self
                 .to_bools()?
                 .into_iter()

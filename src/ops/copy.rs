@@ -71,7 +71,8 @@ impl Tensor {
 fn word(dtype: DType) -> Option<Elem> {
     match dtype {
         DType::F16 | DType::Bf16 => Some(Elem::F16),
-        DType::F32 => Some(Elem::F32),
+        // 4-byte words: an i32 moves as an f32's bits do.
+        DType::F32 | DType::I32 => Some(Elem::F32),
         DType::F64 => Some(Elem::F64),
         DType::Bool => None,
     }

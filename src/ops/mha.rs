@@ -582,7 +582,7 @@ fn composed(
         DType::F64 => softmax::<f64>(&scores, dm, masks, options)?,
         DType::F16 => softmax::<f16>(&scores, dm, masks, options)?,
         DType::Bf16 => softmax::<bf16>(&scores, dm, masks, options)?,
-        DType::Bool => unreachable!("the inputs are floats"),
+        DType::Bool | DType::I32 => unreachable!("the inputs are floats"),
     };
     let attended = matmul(&probabilities, &v)?.view(&[dm.n, dm.h, dm.l, dm.d])?;
     Ok((attended, returned))

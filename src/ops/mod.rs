@@ -4,6 +4,7 @@
 pub mod copy;
 pub mod einsum;
 pub mod fft;
+pub mod linalg;
 pub mod matmul;
 pub mod mha;
 pub mod sdpa;

@@ -93,6 +93,7 @@ impl Tensor {
             DType::F64 => convert::<f64>(values, shape, device),
             DType::F16 => convert::<f16>(values, shape, device),
             DType::Bf16 => convert::<bf16>(values, shape, device),
+            DType::I32 => convert::<i32>(values, shape, device),
             DType::Bool => {
                 let bools: Vec<bool> = values.iter().map(|&x| x != 0.0).collect();
                 Tensor::from_bools(&bools, shape, device)
@@ -112,6 +113,7 @@ impl Tensor {
             DType::F64 => copy!(f64),
             DType::F16 => copy!(f16),
             DType::Bf16 => copy!(bf16),
+            DType::I32 => copy!(i32),
             DType::Bool => Tensor::from_bools(&self.to_bools()?, self.shape(), device),
         }
     }

@@ -346,7 +346,7 @@ fn add_bias_on_host(product: &Tensor, bias: &Tensor) -> Result<Tensor> {
         DType::F64 => add::<f64>(product, bias),
         DType::F16 => add::<f16>(product, bias),
         DType::Bf16 => add::<bf16>(product, bias),
-        DType::Bool => unreachable!("matmul refuses booleans"),
+        DType::Bool | DType::I32 => unreachable!("matmul refuses non-floats"),
     }
 }
 
@@ -409,10 +409,10 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem, bias: Option<&Tensor>) -> Result<Ten
                 crate::kernels::dispatch::cpu_kernels().gemm_bf16.name,
             ),
         ),
-        DType::Bool => Err(Error::DTypeMismatch {
+        DType::Bool | DType::I32 => Err(Error::DTypeMismatch {
             op: "matmul",
             expected: DType::F32,
-            got: DType::Bool,
+            got: a.dtype(),
         }),
     }
 }

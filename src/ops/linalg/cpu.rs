@@ -1,0 +1,306 @@
+//! One matrix at a time on the CPU, through `faer`: each function reads a row-major matrix
+//! and writes its row-major results into the slices it is given (one batch element of the
+//! caller's outputs).
+
+use faer::linalg::solvers::DenseSolveCore;
+use faer::{Mat, MatRef, Side};
+
+use crate::core::error::LinAlgFailure;
+use crate::core::tensor::Element;
+
+/// The element types `faer` factors here: f32 and f64.
+pub(crate) trait Real: Element + faer::traits::RealField {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// Writes `m` row-major into `out`.
+fn store<T: Real>(m: MatRef<'_, T>, out: &mut [T]) {
+    let cols = m.ncols();
+    for (i, row) in out
+        .chunks_exact_mut(cols.max(1))
+        .take(m.nrows())
+        .enumerate()
+    {
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = m[(i, j)];
+        }
+    }
+}
+
+/// Writes `m`ᵀ row-major into `out`.
+fn store_transposed<T: Real>(m: MatRef<'_, T>, out: &mut [T]) {
+    store(m.transpose(), out);
+}
+
+fn fill_nan<T: Real>(out: &mut [T]) {
+    out.fill(T::from_f64(f64::NAN));
+}
+
+fn side(upper: bool) -> Side {
+    if upper { Side::Upper } else { Side::Lower }
+}
+
+/// The first zero on the diagonal of `u` (from 1).
+fn zero_diagonal<T: Real>(u: MatRef<'_, T>) -> Option<usize> {
+    let k = u.nrows().min(u.ncols());
+    (0..k)
+        .find(|&i| u[(i, i)] == T::from_f64(0.0))
+        .map(|i| i + 1)
+}
+
+/// `A⁻¹` of the `n × n` matrix `a`.
+pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), LinAlgFailure> {
+    let lu = MatRef::from_row_major_slice(a, n, n).partial_piv_lu();
+    if let Some(diagonal) = zero_diagonal(lu.U()) {
+        return Err(LinAlgFailure::Singular { diagonal });
+    }
+    store(lu.inverse().as_ref(), out);
+    Ok(())
+}
+
+/// The Cholesky factor of `a` (`n × n`), read from and returned as the lower triangle, or
+/// the upper one with `upper`.
+pub(crate) fn cholesky<T: Real>(
+    a: &[T],
+    n: usize,
+    upper: bool,
+    out: &mut [T],
+) -> Result<(), LinAlgFailure> {
+    let llt = MatRef::from_row_major_slice(a, n, n)
+        .llt(side(upper))
+        .map_err(|e| match e {
+            faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index } => {
+                LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
+            }
+        })?;
+    if upper {
+        store_transposed(llt.L(), out);
+    } else {
+        store(llt.L(), out);
+    }
+    Ok(())
+}
+
+/// The lower Cholesky factor from `factor` (`n × n`, lower, or upper with `upper`).
+fn lower_factor<T: Real>(factor: &[T], n: usize, upper: bool) -> MatRef<'_, T> {
+    let f = MatRef::from_row_major_slice(factor, n, n);
+    if upper { f.transpose() } else { f }
+}
+
+/// Solves `L Lᵀ X = B` for `B` (`n × k`) given the Cholesky factor.
+pub(crate) fn cholesky_solve<T: Real>(
+    b: &[T],
+    factor: &[T],
+    n: usize,
+    k: usize,
+    upper: bool,
+    out: &mut [T],
+) {
+    let l = lower_factor(factor, n, upper);
+    let mut x = MatRef::from_row_major_slice(b, n, k).to_owned();
+    l.solve_lower_triangular_in_place(x.as_mut());
+    l.transpose().solve_upper_triangular_in_place(x.as_mut());
+    store(x.as_ref(), out);
+}
+
+/// `(L Lᵀ)⁻¹` from the Cholesky factor (`n × n`).
+pub(crate) fn cholesky_inverse<T: Real>(
+    factor: &[T],
+    n: usize,
+    upper: bool,
+    out: &mut [T],
+) -> Result<(), LinAlgFailure> {
+    let l = lower_factor(factor, n, upper);
+    if let Some(diagonal) = zero_diagonal(l) {
+        return Err(LinAlgFailure::Singular { diagonal });
+    }
+    let mut x = Mat::<T>::identity(n, n);
+    l.solve_lower_triangular_in_place(x.as_mut());
+    l.transpose().solve_upper_triangular_in_place(x.as_mut());
+    store(x.as_ref(), out);
+    Ok(())
+}
+
+/// LAPACK's pivots (from 1: row `i` was swapped with row `pivots[i]` at step `i`) of the row
+/// order `rows` (row `i` of `L U` is row `rows[i]` of `A`).
+fn pivots_of(rows: &[usize], steps: usize, pivots: &mut [i32]) {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    let mut position: Vec<usize> = (0..rows.len()).collect();
+    for (i, pivot) in pivots.iter_mut().enumerate().take(steps) {
+        let j = position[rows[i]];
+        let (row_i, row_j) = (order[i], order[j]);
+        order.swap(i, j);
+        position[row_i] = j;
+        position[row_j] = i;
+        // Matrix sizes fit an i32 (checked by the caller), as LAPACK's pivots do.
+        *pivot = i32::try_from(j + 1).unwrap_or(i32::MAX);
+    }
+}
+
+/// `lu_factor` of `a` (`m × n`): `L` (unit diagonal, not stored) and `U` packed into `packed`,
+/// LAPACK's pivots into `pivots` (`min(m, n)`); a zero pivot is an error.
+pub(crate) fn lu_factor<T: Real>(
+    a: &[T],
+    (m, n): (usize, usize),
+    packed: &mut [T],
+    pivots: &mut [i32],
+) -> Result<(), LinAlgFailure> {
+    let lu = MatRef::from_row_major_slice(a, m, n).partial_piv_lu();
+    let (l, u) = (lu.L(), lu.U());
+    if let Some(index) = zero_diagonal(u) {
+        return Err(LinAlgFailure::ZeroPivot { index });
+    }
+    for i in 0..m {
+        for j in 0..n {
+            packed[i * n + j] = if j >= i { u[(i, j)] } else { l[(i, j)] };
+        }
+    }
+    pivots_of(lu.P().arrays().0, m.min(n), pivots);
+    Ok(())
+}
+
+/// `A = P L U` of `a` (`m × n`): `P` (`m × m`), `L` (`m × k`), `U` (`k × n`), `k = min(m, n)`.
+pub(crate) fn lu<T: Real>(a: &[T], (m, n): (usize, usize), [p, l, u]: [&mut [T]; 3]) {
+    let lu = MatRef::from_row_major_slice(a, m, n).partial_piv_lu();
+    for (i, &row) in lu.P().arrays().0.iter().enumerate() {
+        p[row * m + i] = T::from_f64(1.0);
+    }
+    store(lu.L(), l);
+    store(lu.U(), u);
+}
+
+/// Solves `A X = B` (`B` is `n × k`) from `lu_factor`'s packed factors and pivots.
+pub(crate) fn lu_solve<T: Real>(
+    packed: &[T],
+    pivots: &[i32],
+    b: &[T],
+    (n, k): (usize, usize),
+    out: &mut [T],
+) {
+    let mut x = MatRef::from_row_major_slice(b, n, k).to_owned();
+    for (i, &pivot) in pivots.iter().enumerate() {
+        let j = usize::try_from(pivot - 1).unwrap_or(i);
+        if j != i && j < n {
+            for c in 0..k {
+                let (xi, xj) = (x[(i, c)], x[(j, c)]);
+                x[(i, c)] = xj;
+                x[(j, c)] = xi;
+            }
+        }
+    }
+    let lu = MatRef::from_row_major_slice(packed, n, n);
+    lu.solve_unit_lower_triangular_in_place(x.as_mut());
+    lu.solve_upper_triangular_in_place(x.as_mut());
+    store(x.as_ref(), out);
+}
+
+/// `A = Q R` of `a` (`m × n`): `Q` is `m × m` with `complete`, else `m × k`; `R` is `m × n`
+/// with `complete`, else `k × n`; `q` is `None` where only `R` is wanted.
+pub(crate) fn qr<T: Real>(
+    a: &[T],
+    (m, n): (usize, usize),
+    complete: bool,
+    q: Option<&mut [T]>,
+    r: &mut [T],
+) {
+    let qr = MatRef::from_row_major_slice(a, m, n).qr();
+    if complete {
+        store(qr.R(), r);
+    } else {
+        store(qr.thin_R(), r);
+    }
+    if let Some(q) = q {
+        let basis = if complete {
+            qr.compute_Q()
+        } else {
+            qr.compute_thin_Q()
+        };
+        store(basis.as_ref(), q);
+    }
+}
+
+/// Eigenvalues (ascending) and, with `vectors`, eigenvectors (columns) of the symmetric
+/// `a` (`n × n`) read from its lower triangle, or the upper one with `upper`.
+pub(crate) fn eigh<T: Real>(
+    a: &[T],
+    n: usize,
+    upper: bool,
+    values: &mut [T],
+    vectors: Option<&mut [T]>,
+) -> Result<(), LinAlgFailure> {
+    if n == 0 {
+        return Ok(()); // (faer's eigensolver needs a row.)
+    }
+    let a = MatRef::from_row_major_slice(a, n, n);
+    let read = |i: usize, j: usize| if upper { i <= j } else { i >= j };
+    if (0..n).any(|i| (0..n).any(|j| read(i, j) && !a[(i, j)].to_f64().is_finite())) {
+        // As PyTorch's batched calls: the matrix's results are NaN, not an error.
+        fill_nan(values);
+        if let Some(vectors) = vectors {
+            fill_nan(vectors);
+        }
+        return Ok(());
+    }
+    let failed = |_| LinAlgFailure::NoConvergence;
+    match vectors {
+        Some(vectors) => {
+            let evd = a.self_adjoint_eigen(side(upper)).map_err(failed)?;
+            for (i, v) in values.iter_mut().enumerate() {
+                *v = evd.S()[i];
+            }
+            store(evd.U(), vectors);
+        }
+        None => values.copy_from_slice(&a.self_adjoint_eigenvalues(side(upper)).map_err(failed)?),
+    }
+    Ok(())
+}
+
+/// Singular values (descending) of `a` (`m × n`) and, with `vectors`, `U` and `Vᴴ`: full
+/// (`m × m`, `n × n`) with `full`, else thin (`m × k`, `k × n`).
+pub(crate) fn svd<T: Real>(
+    a: &[T],
+    (m, n): (usize, usize),
+    full: bool,
+    values: &mut [T],
+    vectors: Option<[&mut [T]; 2]>,
+) -> Result<(), LinAlgFailure> {
+    if a.iter().any(|x| !x.to_f64().is_finite()) {
+        fill_nan(values);
+        for v in vectors.into_iter().flatten() {
+            fill_nan(v);
+        }
+        return Ok(());
+    }
+    let a = MatRef::from_row_major_slice(a, m, n);
+    let failed = |_| LinAlgFailure::NoConvergence;
+    match vectors {
+        Some([u, vh]) => {
+            let svd = if full { a.svd() } else { a.thin_svd() }.map_err(failed)?;
+            for (i, s) in values.iter_mut().enumerate() {
+                *s = svd.S()[i];
+            }
+            store(svd.U(), u);
+            store_transposed(svd.V(), vh);
+        }
+        None => values.copy_from_slice(&a.singular_values().map_err(failed)?),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pivots_of;
+
+    #[test]
+    fn pivots_replay_the_row_order() {
+        // Rows 2, 0, 3, 1 of A: step 0 brings row 2 up, step 1 finds row 0 where row 2 was...
+        let rows = [2, 0, 3, 1];
+        let mut pivots = [0; 3];
+        pivots_of(&rows, 3, &mut pivots);
+        let mut order: Vec<usize> = (0..4).collect();
+        for (i, &p) in pivots.iter().enumerate() {
+            order.swap(i, p as usize - 1);
+        }
+        assert_eq!(order, rows);
+    }
+}

@@ -1,0 +1,649 @@
+//! Linear algebra (`torch.linalg`'s `inv`, `cholesky`, `lu_factor`, `lu`, `lu_solve`, `qr`,
+//! `eigh`, `eigvalsh`, `svd`, `svdvals`, and `torch.cholesky_solve` / `cholesky_inverse`).
+//!
+//! Every function takes a batch of matrices `[*, m, n]` (any leading dimensions, 0 too) of
+//! f32 or f64 and factors each matrix in the input's dtype, as PyTorch's LAPACK calls do; the
+//! two-operand solves broadcast their batch dimensions. Results are contiguous tensors on
+//! the CPU. A matrix without the asked-for factorization is [`Error::LinAlg`] naming its
+//! index in the flattened batch and what failed ([`LinAlgFailure`]), with PyTorch's messages;
+//! `eigh`, `eigvalsh`, `svd` and `svdvals` of a matrix holding a non-finite value (in the
+//! triangle `eigh` reads) give NaN for that matrix, as PyTorch's batched calls do.
+//!
+//! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread (faer's own rayon
+//! threads are left out: their spinning slowed both sides of a paired run). Tensors on wgpu or CUDA
+//! are refused with a typed error until cuSOLVER and MAGMA are wired in
+//! (`cuda::preferred_linalg_library` will choose between those); move them to the CPU.
+//!
+//! [`LinAlgFailure`]: crate::core::error::LinAlgFailure
+
+mod cpu;
+
+use std::borrow::Cow;
+use std::sync::Mutex;
+
+use cpu::Real;
+
+use crate::core::error::LinAlgFailure;
+use crate::core::tensor::{checked_numel, host_zeros};
+use crate::core::trace::{self, Call};
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// `torch.linalg.qr`'s `mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QrMode {
+    /// `Q` is `m × k`, `R` is `k × n` (`k = min(m, n)`).
+    #[default]
+    Reduced,
+    /// `Q` is `m × m`, `R` is `m × n`.
+    Complete,
+    /// Only `R` (`k × n`); `Q` is an empty tensor.
+    R,
+}
+
+/// `lu_factor`'s result: `L` (unit diagonal, not stored) and `U` packed in one matrix, and
+/// LAPACK's row interchanges (`i32`, from 1).
+#[derive(Clone, Debug)]
+pub struct LuFactor {
+    /// `[*, m, n]`: `U` on and above the diagonal, `L` below it.
+    pub lu: Tensor,
+    /// `[*, min(m, n)]`, i32: at step `i`, row `i` was swapped with row `pivots[i] - 1`.
+    pub pivots: Tensor,
+}
+
+/// `lu`'s result: `A = P L U`.
+#[derive(Clone, Debug)]
+pub struct Lu {
+    /// `[*, m, m]`, a permutation matrix.
+    pub p: Tensor,
+    /// `[*, m, k]`, unit lower triangular.
+    pub l: Tensor,
+    /// `[*, k, n]`, upper triangular.
+    pub u: Tensor,
+}
+
+/// `qr`'s result: `A = Q R`.
+#[derive(Clone, Debug)]
+pub struct Qr {
+    /// Orthonormal columns (empty with [`QrMode::R`]).
+    pub q: Tensor,
+    /// Upper triangular.
+    pub r: Tensor,
+}
+
+/// `eigh`'s result: `A = V diag(w) Vᵀ`.
+#[derive(Clone, Debug)]
+pub struct Eigh {
+    /// `[*, n]`, ascending.
+    pub eigenvalues: Tensor,
+    /// `[*, n, n]`, one eigenvector per column.
+    pub eigenvectors: Tensor,
+}
+
+/// `svd`'s result: `A = U diag(S) Vh`.
+#[derive(Clone, Debug)]
+pub struct Svd {
+    /// `[*, m, m]` (full) or `[*, m, k]`.
+    pub u: Tensor,
+    /// `[*, k]`, descending, non-negative.
+    pub s: Tensor,
+    /// `[*, n, n]` (full) or `[*, k, n]`.
+    pub vh: Tensor,
+}
+
+/// A batch of matrices: its batch shape, rows and columns.
+struct Batch {
+    dims: Vec<usize>,
+    count: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl Batch {
+    fn of(op: &'static str, t: &Tensor) -> Result<Batch> {
+        if t.device() != Device::Cpu {
+            return Err(Error::Unavailable {
+                what: "linear algebra on this device",
+                why: format!(
+                    "{op} runs on the CPU in this build (cuSOLVER and MAGMA are not wired in \
+                     yet); move the input with to_device(Device::Cpu)"
+                ),
+            });
+        }
+        if !matches!(t.dtype(), DType::F32 | DType::F64) {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: DType::F32,
+                got: t.dtype(),
+            });
+        }
+        let rank = t.shape().len();
+        if rank < 2 {
+            return Err(Error::ShapeMismatch {
+                op,
+                detail: format!(
+                    "the input must have at least 2 dimensions (a batch of matrices), got {:?}",
+                    t.shape()
+                ),
+            });
+        }
+        let dims = t.shape()[..rank - 2].to_vec();
+        let (rows, cols) = (t.shape()[rank - 2], t.shape()[rank - 1]);
+        // LAPACK's (and the pivots') indices are i32.
+        if i32::try_from(rows.max(cols)).is_err() {
+            return Err(Error::ShapeMismatch {
+                op,
+                detail: format!("matrices of {rows} x {cols} are larger than LAPACK's i32 sizes"),
+            });
+        }
+        Ok(Batch {
+            count: checked_numel(op, &dims, t.dtype())?,
+            dims,
+            rows,
+            cols,
+        })
+    }
+
+    fn square(op: &'static str, t: &Tensor) -> Result<Batch> {
+        let batch = Batch::of(op, t)?;
+        if batch.rows != batch.cols {
+            return Err(Error::ShapeMismatch {
+                op,
+                detail: format!(
+                    "A must be batches of square matrices, but they are {} by {} matrices",
+                    batch.rows, batch.cols
+                ),
+            });
+        }
+        Ok(batch)
+    }
+
+    /// `dims` followed by `tail`.
+    fn shape(&self, tail: &[usize]) -> Vec<usize> {
+        self.dims.iter().chain(tail).copied().collect()
+    }
+}
+
+/// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
+fn elements<T: Real>(t: &Tensor) -> Result<Cow<'_, [T]>> {
+    match t.contiguous_host::<T>() {
+        Some(data) => Ok(Cow::Borrowed(data)),
+        None => Ok(Cow::Owned(t.to_vec::<T>()?)),
+    }
+}
+
+/// One batch element's outputs.
+struct Item<'a, T> {
+    index: usize,
+    outs: Vec<&'a mut [T]>,
+    pivots: &'a mut [i32],
+}
+
+/// Splits `buffer` into `count` chunks of `size` (empty chunks where `size` is 0).
+fn chunks<T>(buffer: &mut [T], count: usize, size: usize) -> Vec<&mut [T]> {
+    if size == 0 {
+        (0..count).map(|_| <&mut [T]>::default()).collect()
+    } else {
+        buffer.chunks_exact_mut(size).collect()
+    }
+}
+
+/// Runs `work` on each of `count` batch elements over the thread pool, with outputs of
+/// `sizes` elements each (and `pivots` i32s each); the failure of the lowest batch index is
+/// the error.
+fn batched<T: Real>(
+    op: &'static str,
+    count: usize,
+    sizes: &[usize],
+    pivots: usize,
+    work: impl Fn(&mut Item<'_, T>) -> Result<(), LinAlgFailure> + Sync,
+) -> Result<(Vec<Vec<T>>, Vec<i32>)> {
+    let total = |size: usize| {
+        size.checked_mul(count).ok_or_else(|| Error::ShapeMismatch {
+            op,
+            detail: format!("{count} results of {size} elements overflow the address space"),
+        })
+    };
+    let mut buffers = sizes
+        .iter()
+        .map(|&size| host_zeros::<T>(op, total(size)?))
+        .collect::<Result<Vec<_>>>()?;
+    let mut pivot_buffer = host_zeros::<i32>(op, total(pivots)?)?;
+    let mut items: Vec<Item<'_, T>> = chunks(&mut pivot_buffer, count, pivots)
+        .into_iter()
+        .enumerate()
+        .map(|(index, pivots)| Item {
+            index,
+            outs: Vec::with_capacity(sizes.len()),
+            pivots,
+        })
+        .collect();
+    for (buffer, &size) in buffers.iter_mut().zip(sizes) {
+        for (item, chunk) in items.iter_mut().zip(chunks(buffer, count, size)) {
+            item.outs.push(chunk);
+        }
+    }
+    let first_failure: Mutex<Option<(usize, LinAlgFailure)>> = Mutex::new(None);
+    let run = |mut item: Item<'_, T>| {
+        if let Err(failure) = work(&mut item) {
+            let mut first = first_failure.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_none_or(|(index, _)| item.index < index) {
+                *first = Some((item.index, failure));
+            }
+        }
+    };
+    crate::runtime::threads::for_each(items, &run);
+    match first_failure
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        Some((index, failure)) => Err(Error::LinAlg {
+            op,
+            batch: (count > 1).then_some(index),
+            failure,
+        }),
+        None => Ok((buffers, pivot_buffer)),
+    }
+}
+
+/// Runs `body` under the trace as the kernel `op` over the inputs `shapes`.
+fn traced<R>(
+    op: &'static str,
+    dtype: DType,
+    shapes: &[&Tensor],
+    body: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let describe = || Call {
+        kernel: op.into(),
+        backend: "cpu/faer".into(),
+        dtype,
+        shapes: shapes
+            .iter()
+            .map(|t| format!("{:?}", t.shape()))
+            .collect::<Vec<_>>()
+            .join("x"),
+        precision: format!(
+            "{dtype} factorization, batch over {} threads",
+            crate::get_num_threads()
+        ),
+    };
+    trace::kernel(describe, body)
+}
+
+/// Calls `$body` with `$t` bound to the element type of `$dtype` (f32 or f64).
+macro_rules! by_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            _ => {
+                type $t = f32;
+                $body
+            }
+        }
+    };
+}
+
+fn output(data: Vec<impl crate::Element>, shape: Vec<usize>) -> Result<Tensor> {
+    Tensor::from_vec(data, &shape, Device::Cpu)
+}
+
+/// `torch.linalg.inv`: the inverse of each square matrix; a singular one is an error.
+pub fn inv(a: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linalg.inv";
+    let batch = Batch::square(OP, a)?;
+    let n = batch.rows;
+    traced(OP, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
+                let i = item.index;
+                cpu::inv(&data[i * n * n..][..n * n], n, item.outs[0])
+            })?;
+            output(outs.remove(0), batch.shape(&[n, n]))
+        })
+    })
+}
+
+/// `torch.linalg.cholesky`: `L` with `A = L Lᵀ` read from A's lower triangle, or, with
+/// `upper`, `U = Lᵀ` read from the upper one; a matrix that is not positive-definite is an
+/// error naming the first leading minor that is not.
+pub fn cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
+    const OP: &str = "linalg.cholesky";
+    let batch = Batch::square(OP, a)?;
+    let n = batch.rows;
+    traced(OP, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
+                let i = item.index;
+                cpu::cholesky(&data[i * n * n..][..n * n], n, upper, item.outs[0])
+            })?;
+            output(outs.remove(0), batch.shape(&[n, n]))
+        })
+    })
+}
+
+/// `torch.cholesky_inverse`: `A⁻¹` from A's Cholesky factor (lower, or upper with `upper`);
+/// a zero on the factor's diagonal is an error.
+pub fn cholesky_inverse(factor: &Tensor, upper: bool) -> Result<Tensor> {
+    const OP: &str = "cholesky_inverse";
+    let batch = Batch::square(OP, factor)?;
+    let n = batch.rows;
+    traced(OP, factor.dtype(), &[factor], || {
+        by_dtype!(factor.dtype(), T => {
+            let data = elements::<T>(factor)?;
+            let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
+                let i = item.index;
+                cpu::cholesky_inverse(&data[i * n * n..][..n * n], n, upper, item.outs[0])
+            })?;
+            output(outs.remove(0), batch.shape(&[n, n]))
+        })
+    })
+}
+
+/// The broadcast of two batch shapes, and for each of its elements the (flattened) index
+/// into each side's batch.
+fn broadcast(op: &'static str, a: &[usize], b: &[usize]) -> Result<(Vec<usize>, Vec<[usize; 2]>)> {
+    let rank = a.len().max(b.len());
+    let padded = |s: &[usize]| -> Vec<usize> {
+        std::iter::repeat_n(1, rank - s.len())
+            .chain(s.iter().copied())
+            .collect()
+    };
+    let (pa, pb) = (padded(a), padded(b));
+    let mut shape = Vec::with_capacity(rank);
+    for (&x, &y) in pa.iter().zip(&pb) {
+        if x != y && x != 1 && y != 1 {
+            return Err(Error::ShapeMismatch {
+                op,
+                detail: format!("the batch dimensions {a:?} and {b:?} do not broadcast"),
+            });
+        }
+        shape.push(if x == 1 { y } else { x });
+    }
+    let count = checked_numel(op, &shape, DType::F64)?;
+    let mut pairs = Vec::with_capacity(count);
+    for flat in 0..count {
+        let (mut rest, mut ia, mut ib, mut sa, mut sb) = (flat, 0, 0, 1, 1);
+        for d in (0..rank).rev() {
+            let coordinate = rest % shape[d];
+            rest /= shape[d];
+            if pa[d] != 1 {
+                ia += coordinate * sa;
+            }
+            if pb[d] != 1 {
+                ib += coordinate * sb;
+            }
+            sa *= pa[d];
+            sb *= pb[d];
+        }
+        pairs.push([ia, ib]);
+    }
+    Ok((shape, pairs))
+}
+
+fn same_dtype(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: a.dtype(),
+            got: b.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// `torch.cholesky_solve(B, L, upper)`: `X` with `A X = B` where `A = L Lᵀ` (or `Uᵀ U` with
+/// `upper`); `B` is `[*, n, k]`, `L` `[*, n, n]`, batch dimensions broadcast.
+pub fn cholesky_solve(b: &Tensor, factor: &Tensor, upper: bool) -> Result<Tensor> {
+    const OP: &str = "cholesky_solve";
+    let fb = Batch::square(OP, factor)?;
+    let bb = Batch::of(OP, b)?;
+    same_dtype(OP, factor, b)?;
+    let (n, k) = (fb.rows, bb.cols);
+    if bb.rows != n {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            detail: format!(
+                "B has {} rows but the factor is {n} x {n}: B must be [*, {n}, k]",
+                bb.rows
+            ),
+        });
+    }
+    let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
+    traced(OP, b.dtype(), &[b, factor], || {
+        by_dtype!(b.dtype(), T => {
+            let (rhs, l) = (elements::<T>(b)?, elements::<T>(factor)?);
+            let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
+                let [ib, il] = pairs[item.index];
+                cpu::cholesky_solve(&rhs[ib * n * k..][..n * k], &l[il * n * n..][..n * n], n, k, upper, item.outs[0]);
+                Ok(())
+            })?;
+            output(outs.remove(0), dims.iter().copied().chain([n, k]).collect())
+        })
+    })
+}
+
+/// `torch.linalg.lu_factor`: the packed LU factorisation with partial pivoting; a zero pivot
+/// is an error (use [`lu`], which factors singular matrices too).
+pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
+    const OP: &str = "linalg.lu_factor";
+    let batch = Batch::of(OP, a)?;
+    let (m, n) = (batch.rows, batch.cols);
+    let k = m.min(n);
+    traced(OP, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (mut outs, pivots) = batched::<T>(OP, batch.count, &[m * n], k, |item| {
+                let i = item.index;
+                let Item { outs, pivots, .. } = item;
+                cpu::lu_factor(&data[i * m * n..][..m * n], (m, n), outs[0], pivots)
+            })?;
+            Ok(LuFactor {
+                lu: output(outs.remove(0), batch.shape(&[m, n]))?,
+                pivots: output(pivots, batch.shape(&[k]))?,
+            })
+        })
+    })
+}
+
+/// `torch.linalg.lu`: `A = P L U` with partial pivoting, for any matrix (singular too).
+pub fn lu(a: &Tensor) -> Result<Lu> {
+    const OP: &str = "linalg.lu";
+    let batch = Batch::of(OP, a)?;
+    let (m, n) = (batch.rows, batch.cols);
+    let k = m.min(n);
+    traced(OP, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (outs, _) = batched::<T>(OP, batch.count, &[m * m, m * k, k * n], 0, |item| {
+                let i = item.index;
+                let [p, l, u] = &mut item.outs[..] else { unreachable!("three outputs") };
+                cpu::lu(&data[i * m * n..][..m * n], (m, n), [p, l, u]);
+                Ok(())
+            })?;
+            let [p, l, u] = <[Vec<T>; 3]>::try_from(outs).map_err(|_| unreachable!())?;
+            Ok(Lu {
+                p: output(p, batch.shape(&[m, m]))?,
+                l: output(l, batch.shape(&[m, k]))?,
+                u: output(u, batch.shape(&[k, n]))?,
+            })
+        })
+    })
+}
+
+/// `torch.linalg.lu_solve(LU, pivots, B)`: `X` with `A X = B` from `lu_factor`'s result;
+/// `B` is `[*, n, k]`, batch dimensions broadcast.
+pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "linalg.lu_solve";
+    let fb = Batch::square(OP, &factors.lu)?;
+    let bb = Batch::of(OP, b)?;
+    same_dtype(OP, &factors.lu, b)?;
+    let n = fb.rows;
+    let pivots_shape = fb.shape(&[n]);
+    if factors.pivots.dtype() != DType::I32 || factors.pivots.shape() != pivots_shape {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            detail: format!(
+                "pivots must be i32 of shape {pivots_shape:?} (lu_factor's), got {} of {:?}",
+                factors.pivots.dtype(),
+                factors.pivots.shape()
+            ),
+        });
+    }
+    let pivots = factors.pivots.to_vec::<i32>()?;
+    if let Some(bad) = pivots.iter().find(|&&p| p < 1 || p as usize > n) {
+        return Err(Error::InvalidArgument {
+            what: "pivots",
+            why: format!("{bad} is not a row of an {n} x {n} matrix (pivots count from 1)"),
+        });
+    }
+    if bb.rows != n {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            detail: format!(
+                "B has {} rows but A is {n} x {n}: B must be [*, {n}, k]",
+                bb.rows
+            ),
+        });
+    }
+    let k = bb.cols;
+    let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
+    traced(OP, b.dtype(), &[&factors.lu, b], || {
+        by_dtype!(b.dtype(), T => {
+            let (rhs, packed) = (elements::<T>(b)?, elements::<T>(&factors.lu)?);
+            let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
+                let [ib, ia] = pairs[item.index];
+                cpu::lu_solve(
+                    &packed[ia * n * n..][..n * n],
+                    &pivots[ia * n..][..n],
+                    &rhs[ib * n * k..][..n * k],
+                    (n, k),
+                    item.outs[0],
+                );
+                Ok(())
+            })?;
+            output(outs.remove(0), dims.iter().copied().chain([n, k]).collect())
+        })
+    })
+}
+
+/// `torch.linalg.qr(A, mode)`: `A = Q R` with orthonormal `Q` and upper triangular `R`.
+pub fn qr(a: &Tensor, mode: QrMode) -> Result<Qr> {
+    const OP: &str = "linalg.qr";
+    let batch = Batch::of(OP, a)?;
+    let (m, n) = (batch.rows, batch.cols);
+    let k = m.min(n);
+    let complete = mode == QrMode::Complete;
+    let (q_cols, r_rows) = if complete { (m, m) } else { (k, k) };
+    let q_size = if mode == QrMode::R { 0 } else { m * q_cols };
+    traced(OP, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (outs, _) = batched::<T>(OP, batch.count, &[q_size, r_rows * n], 0, |item| {
+                let i = item.index;
+                let [q, r] = &mut item.outs[..] else { unreachable!("two outputs") };
+                let q = (mode != QrMode::R).then_some(&mut **q);
+                cpu::qr(&data[i * m * n..][..m * n], (m, n), complete, q, r);
+                Ok(())
+            })?;
+            let [q, r] = <[Vec<T>; 2]>::try_from(outs).map_err(|_| unreachable!())?;
+            let q_shape = if mode == QrMode::R { vec![0] } else { batch.shape(&[m, q_cols]) };
+            Ok(Qr {
+                q: output(q, q_shape)?,
+                r: output(r, batch.shape(&[r_rows, n]))?,
+            })
+        })
+    })
+}
+
+/// `torch.linalg.eigh(A, UPLO)`: eigenvalues (ascending) and eigenvectors of each symmetric
+/// matrix, read from its lower triangle, or the upper one with `upper` (`UPLO="U"`).
+pub fn eigh(a: &Tensor, upper: bool) -> Result<Eigh> {
+    let (eigenvalues, eigenvectors) = eigen("linalg.eigh", a, upper, true)?;
+    Ok(Eigh {
+        eigenvalues,
+        eigenvectors: eigenvectors.expect("asked for"),
+    })
+}
+
+/// `torch.linalg.eigvalsh(A, UPLO)`: [`eigh`]'s eigenvalues alone.
+pub fn eigvalsh(a: &Tensor, upper: bool) -> Result<Tensor> {
+    Ok(eigen("linalg.eigvalsh", a, upper, false)?.0)
+}
+
+fn eigen(
+    op: &'static str,
+    a: &Tensor,
+    upper: bool,
+    vectors: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let batch = Batch::square(op, a)?;
+    let n = batch.rows;
+    let vector_size = if vectors { n * n } else { 0 };
+    traced(op, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let (outs, _) = batched::<T>(op, batch.count, &[n, vector_size], 0, |item| {
+                let i = item.index;
+                let [w, v] = &mut item.outs[..] else { unreachable!("two outputs") };
+                let v = vectors.then_some(&mut **v);
+                cpu::eigh(&data[i * n * n..][..n * n], n, upper, w, v)
+            })?;
+            let [w, v] = <[Vec<T>; 2]>::try_from(outs).map_err(|_| unreachable!())?;
+            let v = vectors.then(|| output(v, batch.shape(&[n, n]))).transpose()?;
+            Ok((output(w, batch.shape(&[n]))?, v))
+        })
+    })
+}
+
+/// `torch.linalg.svd(A, full_matrices)`: `A = U diag(S) Vh`.
+pub fn svd(a: &Tensor, full_matrices: bool) -> Result<Svd> {
+    let (s, vectors) = singular("linalg.svd", a, Some(full_matrices))?;
+    let [u, vh] = vectors.expect("asked for");
+    Ok(Svd { u, s, vh })
+}
+
+/// `torch.linalg.svdvals`: [`svd`]'s singular values alone (descending).
+pub fn svdvals(a: &Tensor) -> Result<Tensor> {
+    Ok(singular("linalg.svdvals", a, None)?.0)
+}
+
+/// Singular values and, with `Some(full)`, the singular vectors.
+fn singular(
+    op: &'static str,
+    a: &Tensor,
+    full: Option<bool>,
+) -> Result<(Tensor, Option<[Tensor; 2]>)> {
+    let batch = Batch::of(op, a)?;
+    let (m, n) = (batch.rows, batch.cols);
+    let k = m.min(n);
+    let (u_cols, v_rows) = match full {
+        Some(true) => (m, n),
+        Some(false) => (k, k),
+        None => (0, 0),
+    };
+    traced(op, a.dtype(), &[a], || {
+        by_dtype!(a.dtype(), T => {
+            let data = elements::<T>(a)?;
+            let sizes = [k, m * u_cols, v_rows * n];
+            let (outs, _) = batched::<T>(op, batch.count, &sizes, 0, |item| {
+                let i = item.index;
+                let [s, u, vh] = &mut item.outs[..] else { unreachable!("three outputs") };
+                let vectors = full.map(|_| [&mut **u, &mut **vh]);
+                cpu::svd(&data[i * m * n..][..m * n], (m, n), full == Some(true), s, vectors)
+            })?;
+            let [s, u, vh] = <[Vec<T>; 3]>::try_from(outs).map_err(|_| unreachable!())?;
+            let vectors = match full {
+                Some(_) => Some([
+                    output(u, batch.shape(&[m, u_cols]))?,
+                    output(vh, batch.shape(&[v_rows, n]))?,
+                ]),
+                None => None,
+            };
+            Ok((output(s, batch.shape(&[k]))?, vectors))
+        })
+    })
+}
