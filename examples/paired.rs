@@ -14,7 +14,9 @@
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
 //! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
 //! with bias, the fast path) or `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|svd> <n>`
-//! (one `[n, n]` symmetric, diagonally dominant matrix: positive-definite). Inputs are made once per distinct line. A line `threads <n>`
+//! (one `[n, n]` symmetric, diagonally dominant matrix: positive-definite) or
+//! `conv <dtype> <n> <c> <h> <w> <o> <k> <stride> <padding> <groups>` (`conv2d` of an
+//! `[n, c, h, w]` input with an `[o, c / groups, k, k]` weight and a bias). Inputs are made once per distinct line. A line `threads <n>`
 //! sets the thread count of the calls after it (and prints 0), so that one process can
 //! alternate thread counts call by call.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
@@ -24,7 +26,8 @@ use std::time::Instant;
 
 use backends::mha::{MhaOptions, MhaWeights, multi_head_attention_forward};
 use backends::{
-    DType, Device, PagedKv, SdpaOptions, Tensor, einsum, fft, linalg, matmul, sdpa, sdpa_paged,
+    DType, Device, PagedKv, SdpaOptions, Tensor, conv, conv2d, einsum, fft, linalg, matmul, sdpa,
+    sdpa_paged,
 };
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -40,6 +43,8 @@ enum Work {
     Mha(Tensor, usize, [Tensor; 4]),
     Paged([Tensor; 3], Vec<usize>, usize),
     Linalg(String, Tensor),
+    /// Input, weight, bias, stride, padding, groups.
+    Conv([Tensor; 3], usize, usize, usize),
 }
 
 /// Values in [-1, 1) without a random generator (the timing does not depend on them).
@@ -166,6 +171,21 @@ fn parse(line: &str) -> Result<Work> {
                 ],
             ))
         }
+        Some(&"conv") => {
+            let [n, c, h, w, o, k, stride, padding, groups] =
+                [2, 3, 4, 5, 6, 7, 8, 9, 10].map(number);
+            let (c, o, k, groups) = (c?, o?, k?, groups?);
+            Ok(Work::Conv(
+                [
+                    filled(&[n?, c, h?, w?], dtype, 1)?,
+                    filled(&[o, c / groups.max(1), k, k], dtype, 2)?,
+                    filled(&[o], dtype, 3)?,
+                ],
+                stride?,
+                padding?,
+                groups,
+            ))
+        }
         Some(&"linalg") => {
             let n = number(3)?;
             // Symmetric, and each diagonal element n exceeds its row's other n - 1 in sum.
@@ -236,6 +256,16 @@ fn main() -> Result<()> {
                 drop(multi_head_attention_forward(
                     x, x, x, *heads, &weights, &options,
                 )?);
+            }
+            Work::Conv([x, w, b], stride, padding, groups) => {
+                let options = conv::Conv2dOptions {
+                    bias: Some(b),
+                    stride: [*stride; 2],
+                    padding: conv::Padding::Explicit([*padding; 2]),
+                    groups: *groups,
+                    ..Default::default()
+                };
+                drop(conv2d(x, w, &options)?)
             }
             Work::Linalg(op, a) => match op.as_str() {
                 "inv" => drop(linalg::inv(a)?),

@@ -88,13 +88,14 @@ pub use crate::core::precision::{
 pub use crate::core::tensor::{Element, Tensor};
 pub use crate::core::trace::Capture as TraceCapture;
 pub use crate::core::{device, dtype, flag, generator, tensor, verbose};
+pub use crate::ops::conv::{conv1d, conv2d};
 pub use crate::ops::einsum::{einsum, einsum_path};
 pub use crate::ops::matmul::{EMULATE_REDUCED_PRECISION, linear, matmul};
 pub use crate::ops::sdpa::serving::{PagedKv, Varlen, sdpa_paged, sdpa_varlen};
 pub use crate::ops::sdpa::{
     CausalVariant, SdpaOptions, SdpaOutput, Window, scaled_dot_product_attention, sdpa,
 };
-pub use crate::ops::{einsum, fft, linalg, sdpa};
+pub use crate::ops::{conv, einsum, fft, linalg, sdpa};
 pub use crate::runtime::threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};
 pub use crate::runtime::wgpu::adapters;
 pub use backends_macros::sdpa_kernel;

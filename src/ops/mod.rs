@@ -1,6 +1,7 @@
 //! The operations: one folder per op, each with its public API and its dispatch by device
 //! (`mod.rs`) next to the device-specific parts.
 
+pub mod conv;
 pub mod copy;
 pub mod einsum;
 pub mod fft;

@@ -1,0 +1,165 @@
+//! The CPU convolution: each group of each image becomes one GEMM of the weight `[O/g, C/g ·
+//! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`.
+
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+
+use super::Geometry;
+use crate::core::tensor::{Element, host_zeros};
+use crate::{DType, Device, Result, Tensor, matmul};
+
+/// Elements of unfolded input made at once: images are unfolded in chunks of about this
+/// many (at least one image), which bounds the extra memory to a few tens of MB.
+const UNFOLD_CHUNK: usize = 1 << 21;
+
+pub(crate) fn conv2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+) -> Result<Tensor> {
+    match input.dtype() {
+        DType::F32 => run::<f32>(input, weight, bias, g),
+        DType::F64 => run::<f64>(input, weight, bias, g),
+        DType::F16 => run::<f16>(input, weight, bias, g),
+        DType::Bf16 => run::<bf16>(input, weight, bias, g),
+        DType::Bool | DType::I32 => unreachable!("conv2d refuses non-floats"),
+    }
+}
+
+fn run<T: Element>(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+) -> Result<Tensor> {
+    let (n, o, p) = (g.batch, g.out_channels, g.pixels());
+    let out_shape = [n, o, g.output[0], g.output[1]];
+    let kg = g.patch_len();
+    // [groups, O/g, C/g · kH · kW]: the weight's rows are already in the patch order.
+    let w = weight
+        .contiguous()?
+        .view(&[g.groups, g.group_out_channels(), kg])?;
+    let mut out = if g.is_pointwise() && g.groups == 1 {
+        // The input [N, C, H·W] is the right side as it stands (no unfolding).
+        let x = input.contiguous()?.view(&[n, g.channels, p])?;
+        let product = matmul(&w.view(&[o, kg])?, &x)?;
+        product.to_vec::<T>()?
+    } else {
+        let x = elements::<T>(input)?;
+        let mut out = host_zeros::<T>("conv2d", n * o * p)?;
+        let per_image = g.groups * kg * p;
+        let chunk = (UNFOLD_CHUNK / per_image.max(1)).clamp(1, n.max(1));
+        let image_len = g.channels * g.input[0] * g.input[1];
+        for (first, results) in (0..n).step_by(chunk).zip(out.chunks_mut(chunk * o * p)) {
+            let count = chunk.min(n - first);
+            let mut cols = host_zeros::<T>("conv2d", count * per_image)?;
+            unfold(&x[first * image_len..][..count * image_len], g, &mut cols);
+            let cols = Tensor::from_vec(cols, &[count * g.groups, kg, p], Device::Cpu)?;
+            let product = if g.groups == 1 {
+                matmul(&w.view(&[o, kg])?, &cols)?
+            } else {
+                // One batched product per image: [g, O/g, K] x [g, K, P] = [g, O/g, P].
+                let mut images = Vec::with_capacity(count);
+                for i in 0..count {
+                    let image = cols.narrow(0, i * g.groups, g.groups)?;
+                    images.push(matmul(&w, &image)?.to_vec::<T>()?);
+                }
+                Tensor::from_vec(images.concat(), &[count, o, p], Device::Cpu)?
+            };
+            match product.contiguous_host::<T>() {
+                Some(values) => results.copy_from_slice(values),
+                None => results.copy_from_slice(&product.to_vec::<T>()?),
+            }
+        }
+        out
+    };
+    if let Some(bias) = bias {
+        let bias = bias.to_vec::<T>()?;
+        for (row, b) in out.chunks_mut(p.max(1)).zip(bias.iter().cycle()) {
+            for x in row {
+                *x = T::from_f64(x.to_f64() + b.to_f64());
+            }
+        }
+    }
+    Tensor::from_vec(out, &out_shape, Device::Cpu)
+}
+
+/// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
+fn elements<T: Element>(t: &Tensor) -> Result<Cow<'_, [T]>> {
+    match t.contiguous_host::<T>() {
+        Some(data) => Ok(Cow::Borrowed(data)),
+        None => Ok(Cow::Owned(t.to_vec::<T>()?)),
+    }
+}
+
+/// The output columns `x < outputs` whose input column `x · stride + shift` lies in
+/// `0..width`.
+fn inside(shift: isize, stride: usize, width: usize, outputs: usize) -> std::ops::Range<usize> {
+    // x · stride + shift >= 0  <=>  x >= ceil(-shift / stride); < width  <=>  x <= (width - 1 - shift) / stride.
+    let start = if shift >= 0 {
+        0
+    } else {
+        shift.unsigned_abs().div_ceil(stride)
+    };
+    let end = match (width as isize - 1).checked_sub(shift) {
+        Some(last) if last >= 0 => (last as usize / stride + 1).min(outputs),
+        _ => 0,
+    };
+    start.min(end)..end
+}
+
+/// Unfolds `images` (`[count, C, H, W]`) into `cols` (`[count, groups, C/g · kH · kW,
+/// H' · W']`, zero where a tap falls in the padding), rows spread over the thread pool.
+fn unfold<T: Element>(images: &[T], g: &Geometry, cols: &mut [T]) {
+    let p = g.pixels();
+    if p == 0 || cols.is_empty() {
+        return;
+    }
+    let [kh, kw] = g.kernel;
+    let [h, w] = g.input;
+    let [oh, ow] = g.output;
+    let rows = cols.len() / p;
+    let threads = crate::get_num_threads().max(1);
+    let per = rows.div_ceil(threads).max(1);
+    let chunks: Vec<(usize, &mut [T])> = cols
+        .chunks_mut(per * p)
+        .enumerate()
+        .map(|(i, c)| (i * per, c))
+        .collect();
+    crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
+        for (r, row) in chunk.chunks_exact_mut(p).enumerate() {
+            // Row = ((image · groups + group) · C/g + channel) · kH · kW + tap; the
+            // image's channel index is image · C + group · C/g + channel = row / (kH · kW).
+            let row_index = first + r;
+            let tap = row_index % (kh * kw);
+            let plane = row_index / (kh * kw);
+            let (ki, kj) = (tap / kw, tap % kw);
+            let source = &images[plane * h * w..][..h * w];
+            // Output columns x read input column x · stride + shift, in the input for x in
+            // `columns` (the rest stay zero: the padding).
+            let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
+            let columns = inside(shift, g.stride[1], w, ow);
+            for y in 0..oh {
+                let iy = (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
+                let Some(iy) = iy.filter(|&iy| iy < h) else {
+                    continue; // (the row is zero: the padding)
+                };
+                let line = &source[iy * w..][..w];
+                let out = &mut row[y * ow..][columns.clone()];
+                let first = (columns.start * g.stride[1]).wrapping_add_signed(shift);
+                if g.stride[1] == 1 {
+                    out.copy_from_slice(&line[first..][..out.len()]);
+                } else {
+                    for (value, &x) in out
+                        .iter_mut()
+                        .zip(line[first..].iter().step_by(g.stride[1]))
+                    {
+                        *value = x;
+                    }
+                }
+            }
+        }
+    });
+}

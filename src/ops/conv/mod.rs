@@ -1,0 +1,357 @@
+//! Convolution (`torch.nn.functional.conv2d` / `conv1d`): `[N, C, H, W]` inputs (or
+//! unbatched `[C, H, W]`), weights `[O, C / groups, kH, kW]`, an optional bias `[O]`,
+//! stride, padding (explicit, `"same"` or `"valid"`), dilation and groups (depthwise
+//! included), in PyTorch's semantics and with its error messages.
+//!
+//! The CPU lowers each group of each image to one GEMM (`conv/cpu.rs`): the input's
+//! patches are unfolded (im2col, in the input's dtype; skipped for 1×1 kernels with unit
+//! stride and no padding, whose input already is the GEMM's right side) and multiplied by
+//! the weight through [`matmul`](crate::matmul), so the flags that steer matmul steer the
+//! convolution too (`fp32_precision`, bf16/f16 reduced-precision rules, AVX512-BF16 / AMX
+//! kernels) and its trace lines follow the convolution's own (`mkldnn::verbose`). The bias
+//! is added to the result in its dtype.
+//!
+//! NNPACK is not used: `nnpack::is_available()` is false on every build we ship, and the
+//! trace says why when `nnpack.flags(enabled)` is on. Tensors on wgpu or CUDA are refused
+//! with a typed error until the generated convolution kernels exist there; move them to
+//! the CPU.
+
+mod cpu;
+
+use crate::core::trace::{self, Call};
+use crate::{DType, Device, Error, Result, Tensor};
+
+const OP: &str = "conv2d";
+
+/// How a convolution pads its input (PyTorch's `padding`), for `D` spatial dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Padding<const D: usize> {
+    /// Zeros on both sides of each spatial dimension (`[height, width]` in 2-D).
+    Explicit([usize; D]),
+    /// `"same"`: the output has the input's size (stride 1 only); an odd total padding puts
+    /// the extra zero after the input, as PyTorch does.
+    Same,
+    /// `"valid"`: no padding.
+    Valid,
+}
+
+impl<const D: usize> Default for Padding<D> {
+    fn default() -> Self {
+        Padding::Explicit([0; D])
+    }
+}
+
+/// `conv2d`'s arguments besides the input and weight (PyTorch's defaults).
+#[derive(Clone, Copy, Debug)]
+pub struct Conv2dOptions<'a> {
+    /// Added to each output channel: `[O]`.
+    pub bias: Option<&'a Tensor>,
+    /// Steps between patches: `[height, width]`.
+    pub stride: [usize; 2],
+    /// See [`Padding`].
+    pub padding: Padding<2>,
+    /// Spacing between kernel taps: `[height, width]`.
+    pub dilation: [usize; 2],
+    /// Input and output channels split into this many independent groups.
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions<'_> {
+    fn default() -> Self {
+        Conv2dOptions {
+            bias: None,
+            stride: [1, 1],
+            padding: Padding::default(),
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+}
+
+/// `conv1d`'s arguments: [`Conv2dOptions`] with one spatial dimension.
+#[derive(Clone, Copy, Debug)]
+pub struct Conv1dOptions<'a> {
+    /// Added to each output channel: `[O]`.
+    pub bias: Option<&'a Tensor>,
+    /// Step between patches.
+    pub stride: usize,
+    /// See [`Padding`].
+    pub padding: Padding<1>,
+    /// Spacing between kernel taps.
+    pub dilation: usize,
+    /// Channel groups.
+    pub groups: usize,
+}
+
+impl Default for Conv1dOptions<'_> {
+    fn default() -> Self {
+        Conv1dOptions {
+            bias: None,
+            stride: 1,
+            padding: Padding::default(),
+            dilation: 1,
+            groups: 1,
+        }
+    }
+}
+
+/// The sizes of one convolution, checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Geometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub input: [usize; 2],
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    /// Zeros before each spatial dimension.
+    pub pad_before: [usize; 2],
+    pub groups: usize,
+    pub output: [usize; 2],
+}
+
+impl Geometry {
+    /// Input channels per group.
+    pub fn group_channels(&self) -> usize {
+        self.channels / self.groups
+    }
+
+    /// Output channels per group.
+    pub fn group_out_channels(&self) -> usize {
+        self.out_channels / self.groups
+    }
+
+    /// Rows of one group's unfolded input: `C/groups · kH · kW`.
+    pub fn patch_len(&self) -> usize {
+        self.group_channels() * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Output pixels per image.
+    pub fn pixels(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+
+    /// Whether the unfolded input is the input itself (1×1, unit stride, no padding).
+    pub fn is_pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.pad_before == [0, 0]
+    }
+}
+
+fn shape_error(detail: String) -> Error {
+    Error::ShapeMismatch { op: OP, detail }
+}
+
+fn geometry(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Geometry> {
+    let [batch, channels, height, width] = *input.shape() else {
+        return Err(shape_error(format!(
+            "expected a 3-D (unbatched) or 4-D (batched) input, but got input of size {:?}",
+            input.shape()
+        )));
+    };
+    let [out_channels, group_channels, kh, kw] = *weight.shape() else {
+        return Err(shape_error(format!(
+            "the weight must be 4-D [out_channels, in_channels / groups, kH, kW], got {:?}",
+            weight.shape()
+        )));
+    };
+    let Conv2dOptions {
+        stride,
+        dilation,
+        groups,
+        padding,
+        ..
+    } = *options;
+    if groups == 0 || stride.contains(&0) || dilation.contains(&0) {
+        return Err(Error::InvalidArgument {
+            what: "conv2d options",
+            why: format!(
+                "groups ({groups}), stride ({stride:?}) and dilation ({dilation:?}) must be positive"
+            ),
+        });
+    }
+    if out_channels % groups != 0 || group_channels.checked_mul(groups) != Some(channels) {
+        return Err(shape_error(format!(
+            "Given groups={groups}, weight of size {:?}, expected input{:?} to have {} channels, \
+             but got {channels} channels instead (and out_channels must divide by groups)",
+            weight.shape(),
+            input.shape(),
+            group_channels.saturating_mul(groups)
+        )));
+    }
+    let too_big = || shape_error("the kernel's extent overflows".into());
+    let extent = |d: usize| -> Result<usize> {
+        let k = [kh, kw][d];
+        k.saturating_sub(1)
+            .checked_mul(dilation[d])
+            .and_then(|e| e.checked_add(1))
+            .ok_or_else(too_big)
+    };
+    let extents = [extent(0)?, extent(1)?];
+    let (pad_before, pad_after) = match padding {
+        Padding::Explicit(p) => (p, p),
+        Padding::Valid => ([0, 0], [0, 0]),
+        Padding::Same => {
+            if stride != [1, 1] {
+                return Err(Error::InvalidArgument {
+                    what: "padding",
+                    why: "padding='same' is not supported for strided convolutions; give the \
+                          padding explicitly"
+                        .into(),
+                });
+            }
+            let total = [extents[0] - 1, extents[1] - 1];
+            let before = [total[0] / 2, total[1] / 2];
+            (before, [total[0] - before[0], total[1] - before[1]])
+        }
+    };
+    let input_size = [height, width];
+    let mut padded = [0; 2];
+    let mut output = [0; 2];
+    for d in 0..2 {
+        padded[d] = input_size[d]
+            .checked_add(pad_before[d])
+            .and_then(|s| s.checked_add(pad_after[d]))
+            .ok_or_else(too_big)?;
+        if padded[d] < extents[d] {
+            return Err(shape_error(format!(
+                "Calculated padded input size per channel: ({} x {}). Kernel size: ({} x {}). \
+                 Kernel size can't be greater than actual input size",
+                padded[0], padded[1], extents[0], extents[1]
+            )));
+        }
+        output[d] = (padded[d] - extents[d]) / stride[d] + 1;
+    }
+    let geometry = Geometry {
+        batch,
+        channels,
+        input: input_size,
+        out_channels,
+        kernel: [kh, kw],
+        stride,
+        dilation,
+        pad_before,
+        groups,
+        output,
+    };
+    // Every size the lowering allocates fits the address space.
+    let dtype = input.dtype();
+    crate::core::tensor::checked_numel(OP, &[batch, out_channels, output[0], output[1]], dtype)?;
+    crate::core::tensor::checked_numel(
+        OP,
+        &[geometry.patch_len(), geometry.pixels(), groups],
+        dtype,
+    )?;
+    Ok(geometry)
+}
+
+fn check_operands(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<()> {
+    input.check_same_kind(OP, std::iter::once(weight).chain(bias))?;
+    if !input.dtype().is_float() {
+        return Err(Error::DTypeMismatch {
+            op: OP,
+            expected: DType::F32,
+            got: input.dtype(),
+        });
+    }
+    if input.device() != Device::Cpu {
+        return Err(Error::Unavailable {
+            what: "convolution on this device",
+            why: "conv2d runs on the CPU in this build (the generated wgpu/CUDA convolutions \
+                  and cuDNN's are not wired in yet); move the operands with \
+                  to_device(Device::Cpu)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// `torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)`:
+/// `[N, C, H, W]` (or `[C, H, W]`) by `[O, C / groups, kH, kW]` gives `[N, O, H', W']` (or
+/// `[O, H', W']`) in the input's dtype.
+pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Tensor> {
+    check_operands(input, weight, options.bias)?;
+    if input.shape().len() == 3 {
+        let batched = conv2d(&input.unsqueeze(0)?, weight, options)?;
+        return batched.squeeze(0);
+    }
+    let g = geometry(input, weight, options)?;
+    if let Some(bias) = options.bias
+        && bias.shape() != [g.out_channels]
+    {
+        return Err(shape_error(format!(
+            "the bias must be [{}] (one per output channel), got {:?}",
+            g.out_channels,
+            bias.shape()
+        )));
+    }
+    let describe = || Call {
+        kernel: "conv2d".into(),
+        backend: format!(
+            "cpu/{}",
+            if g.is_pointwise() {
+                "gemm"
+            } else {
+                "im2col+gemm"
+            }
+        ),
+        dtype: input.dtype(),
+        shapes: format!(
+            "{:?}x{:?},stride{:?},pad{:?},dilation{:?},groups{}",
+            input.shape(),
+            weight.shape(),
+            g.stride,
+            g.pad_before,
+            g.dilation,
+            g.groups
+        ),
+        precision: nnpack_note(),
+    };
+    trace::kernel(describe, || cpu::conv2d(input, weight, options.bias, &g))
+}
+
+/// Why NNPACK did not run, for the trace.
+fn nnpack_note() -> String {
+    if !crate::nnpack::enabled() {
+        "nnpack off (nnpack.flags)".into()
+    } else if crate::nnpack::is_available() {
+        "nnpack loadable but not used: its convolution is not wired in".into()
+    } else {
+        "nnpack not loadable here".into()
+    }
+}
+
+/// `torch.nn.functional.conv1d`: `[N, C, L]` (or `[C, L]`) by `[O, C / groups, k]`, as
+/// [`conv2d`] with a height of 1.
+pub fn conv1d(input: &Tensor, weight: &Tensor, options: &Conv1dOptions) -> Result<Tensor> {
+    let rank = input.shape().len();
+    if !(rank == 2 || rank == 3) || weight.shape().len() != 3 {
+        return Err(Error::ShapeMismatch {
+            op: "conv1d",
+            detail: format!(
+                "expected a 2-D (unbatched) or 3-D (batched) input and a 3-D weight, got {:?} \
+                 and {:?}",
+                input.shape(),
+                weight.shape()
+            ),
+        });
+    }
+    let padding = match options.padding {
+        Padding::Explicit([p]) => Padding::Explicit([0, p]),
+        Padding::Same => Padding::Same,
+        Padding::Valid => Padding::Valid,
+    };
+    let options2 = Conv2dOptions {
+        bias: options.bias,
+        stride: [1, options.stride],
+        padding,
+        dilation: [1, options.dilation],
+        groups: options.groups,
+    };
+    let out = conv2d(
+        &input.unsqueeze(rank - 1)?,
+        &weight.unsqueeze(2)?,
+        &options2,
+    )?;
+    out.squeeze(rank - 1)
+}
