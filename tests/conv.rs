@@ -186,6 +186,16 @@ fn cases() -> Vec<Case> {
             bias: false,
             ..BASE
         },
+        Case {
+            groups: 4,
+            c: 4,
+            o: 4,
+            stride: [2, 3],
+            dilation: [2, 1],
+            padding: Padding::Explicit([2, 1]),
+            hw: [12, 11],
+            ..BASE
+        },
         // Pointwise: 1x1, read as it stands; and 1x1 strided (unfolded).
         Case {
             k: [1, 1],

@@ -115,6 +115,10 @@ pub static PREFERRED_ROCM_FA: Flag<RocmFaBackend> = Flag::new(
 );
 
 /// With `Some(backend)`, sets the preferred linear-algebra library; returns the one in force.
+///
+/// In PyTorch it chooses between cuSOLVER and MAGMA for `torch.linalg` on CUDA tensors. On
+/// this build `backends::linalg` runs on the CPU only, so no operation reads it yet
+/// (`backends info` says so).
 pub fn preferred_linalg_library(backend: Option<LinalgBackend>) -> LinalgBackend {
     if let Some(backend) = backend {
         PREFERRED_LINALG.set(backend);
@@ -123,6 +127,9 @@ pub fn preferred_linalg_library(backend: Option<LinalgBackend>) -> LinalgBackend
 }
 
 /// With `Some(backend)`, sets the preferred ROCm flash-attention library; returns the one in force.
+///
+/// No ROCm device is reachable from this library, so no operation reads it (`backends
+/// info` says so); it is kept for code ported from PyTorch.
 pub fn preferred_rocm_fa_library(backend: Option<RocmFaBackend>) -> RocmFaBackend {
     if let Some(backend) = backend {
         PREFERRED_ROCM_FA.set(backend);
@@ -163,6 +170,11 @@ pub(crate) fn report() -> serde_json::Value {
         "preferred_blas_library": PREFERRED_BLAS.report(),
         "preferred_linalg_library": PREFERRED_LINALG.report(),
         "preferred_rocm_fa_library": PREFERRED_ROCM_FA.report(),
+        "read_by_nothing": {
+            "preferred_linalg_library": "linalg runs on the CPU only in this build (cuSOLVER \
+                and MAGMA are not wired in)",
+            "preferred_rocm_fa_library": "no ROCm device is reachable from this library",
+        },
         "sdp": crate::ops::sdpa::flags::report(),
     })
 }

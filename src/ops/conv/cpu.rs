@@ -41,7 +41,12 @@ fn run<T: Element>(
     let w = weight
         .contiguous()?
         .view(&[g.groups, g.group_out_channels(), kg])?;
-    let mut out = if g.is_pointwise() && g.groups == 1 {
+    let mut out = if g.group_channels() == 1 && g.groups > 1 {
+        match T::DTYPE {
+            DType::F64 => depthwise::<T, f64>(input, weight, g, T::to_f64, T::from_f64)?,
+            _ => depthwise::<T, f32>(input, weight, g, T::to_f32, T::from_f32)?,
+        }
+    } else if g.is_pointwise() && g.groups == 1 {
         // The input [N, C, H·W] is the right side as it stands (no unfolding).
         let x = input.contiguous()?.view(&[n, g.channels, p])?;
         let product = matmul(&w.view(&[o, kg])?, &x)?;
@@ -84,6 +89,82 @@ fn run<T: Element>(
         }
     }
     Tensor::from_vec(out, &out_shape, Device::Cpu)
+}
+
+/// A convolution whose groups each read one input channel (depthwise, with any channel
+/// multiplier), directly: each output plane accumulates its kernel's taps as shifted rows
+/// of its input plane, in `A` (f64 for f64, else f32), planes spread over the pool.
+fn depthwise<T: Element, A>(
+    input: &Tensor,
+    weight: &Tensor,
+    g: &Geometry,
+    widen: fn(T) -> A,
+    narrow: fn(A) -> T,
+) -> Result<Vec<T>>
+where
+    A: Copy + Default + Send + Sync + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
+{
+    let x = elements::<T>(input)?;
+    let weights: Vec<A> = weight.to_vec::<T>()?.into_iter().map(widen).collect();
+    let (o, p) = (g.out_channels, g.pixels());
+    let mut out = host_zeros::<T>("conv2d", g.batch * o * p)?;
+    if p == 0 {
+        return Ok(out);
+    }
+    let [h, w] = g.input;
+    let [kh, kw] = g.kernel;
+    let [oh, ow] = g.output;
+    let multiplier = g.group_out_channels();
+    let planes = g.batch * o;
+    let per = planes.div_ceil(crate::get_num_threads().max(1)).max(1);
+    let chunks: Vec<(usize, &mut [T])> = out
+        .chunks_mut(per * p)
+        .enumerate()
+        .map(|(i, c)| (i * per, c))
+        .collect();
+    crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
+        let mut source = vec![A::default(); h * w];
+        let mut acc = vec![A::default(); p];
+        for (i, plane_out) in chunk.chunks_exact_mut(p).enumerate() {
+            let plane = first + i;
+            let (image, channel) = (plane / o, plane % o);
+            let input_plane = image * g.channels + channel / multiplier;
+            for (s, &v) in source.iter_mut().zip(&x[input_plane * h * w..][..h * w]) {
+                *s = widen(v);
+            }
+            acc.fill(A::default());
+            for ki in 0..kh {
+                for kj in 0..kw {
+                    let tap = weights[(channel * kh + ki) * kw + kj];
+                    let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
+                    let columns = inside(shift, g.stride[1], w, ow);
+                    for y in 0..oh {
+                        let iy =
+                            (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
+                        let Some(iy) = iy.filter(|&iy| iy < h) else {
+                            continue;
+                        };
+                        let first = (columns.start * g.stride[1]).wrapping_add_signed(shift);
+                        let line = &source[iy * w + first..(iy + 1) * w];
+                        let sums = &mut acc[y * ow..][columns.clone()];
+                        if g.stride[1] == 1 {
+                            for (s, &v) in sums.iter_mut().zip(line) {
+                                *s = *s + tap * v;
+                            }
+                        } else {
+                            for (s, &v) in sums.iter_mut().zip(line.iter().step_by(g.stride[1])) {
+                                *s = *s + tap * v;
+                            }
+                        }
+                    }
+                }
+            }
+            for (o, &a) in plane_out.iter_mut().zip(&acc) {
+                *o = narrow(a);
+            }
+        }
+    });
+    Ok(out)
 }
 
 /// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
