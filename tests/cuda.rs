@@ -851,3 +851,58 @@ fn without_a_gpu_the_cuda_tests_run_on_the_interpreted_device() {
     eprintln!("on the interpreter: {passed} passed, {skipped} skipped");
     assert!(passed >= 12 && passed - skipped.min(passed) >= 7, "{log}");
 }
+
+/// conv2d through the generated im2col, GEMM and bias kernels, in every dtype CUDA
+/// convolves, with `cudnn.allow_tf32` choosing the fp32 GEMM's mode as in PyTorch.
+#[test]
+fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
+    use common::conv::{BASE, Case, bound, cases, check_on};
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    let _ieee = backends::cudnn::ALLOW_TF32.guard_scoped(false);
+    // The small cases (the interpreter runs every thread of every launch).
+    for case in cases()
+        .into_iter()
+        .filter(|c| c.n * c.c * c.hw[0] * c.hw[1] < 2000)
+    {
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let err = check_on(&case, dtype, device);
+            assert!(err < bound(dtype), "cuda {dtype} {case:?}: {err:e}");
+        }
+    }
+    let case = Case {
+        c: 16,
+        o: 16,
+        hw: [6, 6],
+        ..BASE
+    };
+    let ieee = check_on(&case, DType::F32, device);
+    let tf32 = {
+        let _tf32 = backends::cudnn::ALLOW_TF32.guard_scoped(true);
+        // matmul's own flag does not steer convolutions.
+        let _matmul = flags::FP32_PRECISION.guard_scoped(Fp32Precision::Ieee);
+        let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+        let capture = backends::TraceCapture::start();
+        let err = check_on(&case, DType::F32, device);
+        let lines = capture.take();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(",conv2d,") && l.contains("tf32 (cudnn.allow_tf32)")),
+            "{lines:?}"
+        );
+        err
+    };
+    assert!(ieee < 1e-5, "ieee {ieee:e}");
+    assert!(
+        tf32 > 10.0 * ieee && tf32 < 1e-2,
+        "tf32 {tf32:e} vs ieee {ieee:e}"
+    );
+    let x = Tensor::from_f64(&random(2 * 3 * 4 * 4), &[2, 3, 4, 4], DType::F64, device).unwrap();
+    let w = Tensor::from_f64(&random(4 * 3 * 9), &[4, 3, 3, 3], DType::F64, device).unwrap();
+    let err = backends::conv2d(&x, &w, &Default::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("move f64 inputs to the CPU"),
+        "{err}"
+    );
+}

@@ -216,6 +216,11 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Scale => vec![B64, B64, F64],
         // src, dst; n, offset; 8 sizes; 8 strides.
         Family::StridedCopy => [n(B64, 2), n(B64, 18)].concat(),
+        // src, dst; n, offset, height, width, out_h, out_w; kh, kw, 2 strides, 2 pads,
+        // 2 dilations.
+        Family::Im2col => [n(B64, 8), n(B32, 8)].concat(),
+        // x, bias; n, inner, channels.
+        Family::BiasAdd => n(B64, 5),
         // s, mask, p; H, Lq, Lk; scale; band, lo, hi, lower_right; 4 mask strides;
         // dropout_p, seed.
         Family::MaskedSoftmax => [

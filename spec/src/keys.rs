@@ -160,6 +160,21 @@ pub struct StridedCopyKey {
     pub elem: Elem,
 }
 
+/// A convolution's input unfolded for its GEMM (elements moved as words of the element's
+/// size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Im2colKey {
+    /// An element type of the size moved.
+    pub elem: Elem,
+}
+
+/// A per-channel bias added in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BiasAddKey {
+    /// The element type.
+    pub elem: Elem,
+}
+
 /// A kernel family: one template per target, one CUDA module per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -177,11 +192,15 @@ pub enum Family {
     MaskedSoftmax,
     /// Strided views made contiguous.
     StridedCopy,
+    /// Convolution inputs unfolded (im2col).
+    Im2col,
+    /// Per-channel bias additions.
+    BiasAdd,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 9] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
@@ -189,6 +208,8 @@ impl Family {
         Family::Scale,
         Family::MaskedSoftmax,
         Family::StridedCopy,
+        Family::Im2col,
+        Family::BiasAdd,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -201,6 +222,8 @@ impl Family {
             Family::Scale => "scale",
             Family::MaskedSoftmax => "masked_softmax",
             Family::StridedCopy => "strided_copy",
+            Family::Im2col => "im2col",
+            Family::BiasAdd => "bias_add",
         }
     }
 
@@ -212,6 +235,8 @@ impl Family {
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
             Family::MaskedSoftmax => Some("masked_softmax"),
             Family::StridedCopy => Some("strided_copy"),
+            Family::Im2col => Some("im2col"),
+            Family::BiasAdd => Some("bias_add"),
         }
     }
 }
@@ -250,6 +275,10 @@ pub enum KernelKey {
     MaskedSoftmax(MaskedSoftmaxKey),
     /// A strided view made contiguous.
     StridedCopy(StridedCopyKey),
+    /// A convolution input unfolded.
+    Im2col(Im2colKey),
+    /// A per-channel bias added.
+    BiasAdd(BiasAddKey),
 }
 
 impl KernelKey {
@@ -263,6 +292,8 @@ impl KernelKey {
             KernelKey::Scale(_) => Family::Scale,
             KernelKey::MaskedSoftmax(_) => Family::MaskedSoftmax,
             KernelKey::StridedCopy(_) => Family::StridedCopy,
+            KernelKey::Im2col(_) => Family::Im2col,
+            KernelKey::BiasAdd(_) => Family::BiasAdd,
         }
     }
 
@@ -296,6 +327,15 @@ impl KernelKey {
                 "KernelKey::StridedCopy(StridedCopyKey {{ elem: {} }})",
                 elem(k.elem)
             ),
+            KernelKey::Im2col(k) => {
+                format!("KernelKey::Im2col(Im2colKey {{ elem: {} }})", elem(k.elem))
+            }
+            KernelKey::BiasAdd(k) => {
+                format!(
+                    "KernelKey::BiasAdd(BiasAddKey {{ elem: {} }})",
+                    elem(k.elem)
+                )
+            }
             KernelKey::MaskedSoftmax(k) => format!(
                 "KernelKey::MaskedSoftmax(MaskedSoftmaxKey {{ elem: {}, mask: {} }})",
                 elem(k.elem),

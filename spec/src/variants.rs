@@ -270,6 +270,60 @@ fn strided_copy(elem: Elem) -> Variant {
     }
 }
 
+fn im2col(elem: Elem) -> Variant {
+    let word = match elem {
+        Elem::F16 | Elem::Bf16 => "unsigned short",
+        Elem::F32 => "unsigned int",
+        Elem::F64 => "unsigned long long",
+    };
+    let launch = Launch {
+        threads: [256, 1, 1],
+        tile: [256, 1],
+        shared_bytes: 0,
+    };
+    Variant {
+        key: KernelKey::Im2col(Im2colKey { elem }),
+        name: format!("im2col_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![("T", word.to_string())],
+            launch,
+            min_sm: 70,
+        }),
+        // WGSL moves 32-bit words only.
+        wgsl: (elem == Elem::F32).then(|| WgslSpec {
+            decls: vec![WgslDecl::Alias("T", "u32")],
+            launch,
+            needs_f16: false,
+        }),
+    }
+}
+
+fn bias_add(elem: Elem) -> Variant {
+    let launch = Launch {
+        threads: [256, 1, 1],
+        tile: [256, 1],
+        shared_bytes: 0,
+    };
+    Variant {
+        key: KernelKey::BiasAdd(BiasAddKey { elem }),
+        name: format!("bias_add_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![
+                cuda_t(elem),
+                ("IS_F64", u32::from(elem == Elem::F64).to_string()),
+            ],
+            launch,
+            // bf16 conversions (`cvt.rn.bf16.f32`) need sm_80.
+            min_sm: if elem == Elem::Bf16 { 80 } else { 70 },
+        }),
+        wgsl: (elem == Elem::F32).then(|| WgslSpec {
+            decls: vec![WgslDecl::Alias("T", "f32")],
+            launch,
+            needs_f16: false,
+        }),
+    }
+}
+
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -414,6 +468,10 @@ pub fn all() -> Vec<Variant> {
     // One copy per element size: 2 (f16 and bf16), 4 and 8 bytes.
     for elem in [F16, F32, F64] {
         v.push(strided_copy(elem));
+        v.push(im2col(elem));
+    }
+    for elem in [F32, F64, F16, Bf16] {
+        v.push(bias_add(elem));
     }
     // Math attention on a device computes in f32 (its half-type inputs run on the host).
     for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {

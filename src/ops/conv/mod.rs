@@ -12,11 +12,17 @@
 //! is added to the result in its dtype.
 //!
 //! NNPACK is not used: `nnpack::is_available()` is false on every build we ship, and the
-//! trace says why when `nnpack.flags(enabled)` is on. Tensors on wgpu or CUDA are refused
-//! with a typed error until the generated convolution kernels exist there; move them to
-//! the CPU.
+//! trace says why when `nnpack.flags(enabled)` is on.
+//!
+//! wgpu (f32) and CUDA (f32, f16, bf16) tensors convolve on their device (`conv/device.rs`):
+//! the generated im2col kernel unfolds the input, `matmul`'s generated GEMMs multiply each
+//! group's weight with it in one batched call, and the generated bias kernel adds the bias.
+//! On CUDA the fp32 GEMM follows `cudnn.allow_tf32` (TF32 by default, as PyTorch's
+//! convolutions do) instead of matmul's flag; cuDNN's own convolution is not wired in yet,
+//! which the trace says.
 
 mod cpu;
+mod device;
 
 use crate::core::trace::{self, Call};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -254,16 +260,7 @@ fn check_operands(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Res
             got: input.dtype(),
         });
     }
-    if input.device() != Device::Cpu {
-        return Err(Error::Unavailable {
-            what: "convolution on this device",
-            why: "conv2d runs on the CPU in this build (the generated wgpu/CUDA convolutions \
-                  and cuDNN's are not wired in yet); move the operands with \
-                  to_device(Device::Cpu)"
-                .into(),
-        });
-    }
-    Ok(())
+    device::check_dtype(input.device(), input.dtype())
 }
 
 /// `torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)`:
@@ -285,16 +282,18 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
             bias.shape()
         )));
     }
+    let device = input.device();
+    let lowering = if g.is_pointwise() {
+        "gemm"
+    } else {
+        "im2col+gemm"
+    };
     let describe = || Call {
         kernel: "conv2d".into(),
-        backend: format!(
-            "cpu/{}",
-            if g.is_pointwise() {
-                "gemm"
-            } else {
-                "im2col+gemm"
-            }
-        ),
+        backend: match device {
+            Device::Cpu => format!("cpu/{lowering}"),
+            device => format!("{device}/generated {lowering}"),
+        },
         dtype: input.dtype(),
         shapes: format!(
             "{:?}x{:?},stride{:?},pad{:?},dilation{:?},groups{}",
@@ -305,9 +304,28 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
             g.dilation,
             g.groups
         ),
-        precision: nnpack_note(),
+        precision: match device {
+            Device::Cpu => nnpack_note(),
+            device => format!(
+                "{}, {}",
+                device::precision_note(device, input.dtype()),
+                cudnn_note(device)
+            ),
+        },
     };
-    trace::kernel(describe, || cpu::conv2d(input, weight, options.bias, &g))
+    trace::kernel(describe, || match device {
+        Device::Cpu => cpu::conv2d(input, weight, options.bias, &g),
+        _ => device::conv2d(input, weight, options.bias, &g),
+    })
+}
+
+/// Why cuDNN's convolution did not run, for the trace.
+fn cudnn_note(device: Device) -> &'static str {
+    match device {
+        Device::Cuda(_) if !crate::cudnn::enabled() => "cudnn off (cudnn.enabled)",
+        Device::Cuda(_) => "cudnn convolution not wired in: generated kernels",
+        _ => "no cudnn on wgpu",
+    }
 }
 
 /// Why NNPACK did not run, for the trace.

@@ -1,0 +1,260 @@
+//! The convolution on wgpu and CUDA: the generated im2col kernel unfolds the input on the
+//! device, `matmul` multiplies each group's weight with it (the generated GEMMs, batched
+//! over images and groups), and the generated bias kernel adds the bias in place. On CUDA
+//! the GEMM's fp32 mode follows `cudnn.allow_tf32` (as PyTorch's convolutions do), not
+//! matmul's flag.
+
+use super::Geometry;
+use crate::core::tensor::Storage;
+use crate::kernels::{BiasAddKey, Elem, Im2colKey, KernelKey};
+use crate::runtime::cuda::launch::Kernel;
+use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{grid_dim, long_arg};
+use crate::runtime::wgpu::WgpuBuffer;
+use crate::{DType, Device, Error, Result, Tensor, matmul};
+
+/// Whether `device` runs a convolution of `dtype`, and if not, why.
+pub(crate) fn check_dtype(device: Device, dtype: DType) -> Result<()> {
+    let supported = match device {
+        Device::Wgpu(_) => dtype == DType::F32,
+        Device::Cuda(_) => matches!(dtype, DType::F32 | DType::F16 | DType::Bf16),
+        Device::Cpu => true,
+    };
+    if supported {
+        return Ok(());
+    }
+    Err(Error::DTypeMismatch {
+        op: if matches!(device, Device::Wgpu(_)) {
+            "conv2d on wgpu (f32 only; move f16 inputs to the CPU)"
+        } else {
+            "conv2d on CUDA (f32, f16, bf16; move f64 inputs to the CPU)"
+        },
+        expected: DType::F32,
+        got: dtype,
+    })
+}
+
+/// How the GEMMs round fp32 inputs here, for the trace.
+pub(crate) fn precision_note(device: Device, dtype: DType) -> String {
+    match (device, dtype) {
+        (Device::Cuda(_), DType::F32) if crate::cudnn::allow_tf32() => {
+            "tf32 (cudnn.allow_tf32)".into()
+        }
+        (Device::Cuda(_), DType::F32) => "ieee (cudnn.allow_tf32 off)".into(),
+        _ => "as matmul".into(),
+    }
+}
+
+pub(crate) fn conv2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+) -> Result<Tensor> {
+    let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
+    let device = input.device();
+    let w = weight.contiguous()?;
+    let cols = if g.is_pointwise() {
+        input.contiguous()?.view(&[n * g.groups, kg, p])?
+    } else {
+        unfold(&input.contiguous()?, g)?
+    };
+    let _precision = match device {
+        Device::Cuda(_) => Some(crate::core::precision::matmul::FP32_PRECISION.guard_scoped(
+            if crate::cudnn::allow_tf32() {
+                crate::Fp32Precision::Tf32
+            } else {
+                crate::Fp32Precision::Ieee
+            },
+        )),
+        _ => None,
+    };
+    let product = if g.groups == 1 {
+        matmul(&w.view(&[o, kg])?, &cols.view(&[n, kg, p])?)?
+    } else {
+        // Each image's groups: [g, O/g, K] x [g, K, P]; the weight repeated per image (it is
+        // small) so that one batched product covers every image and group.
+        let per_group = [g.groups, g.group_out_channels(), kg];
+        let weights = w
+            .view(&[1, per_group[0], per_group[1], per_group[2]])?
+            .expand(&[n, per_group[0], per_group[1], per_group[2]])?
+            .reshape(&[n * g.groups, per_group[1], per_group[2]])?;
+        matmul(&weights, &cols)?
+    };
+    if let Some(bias) = bias {
+        add_bias(&product, &bias.contiguous()?, o, p)?;
+    }
+    product.view(&[n, o, g.output[0], g.output[1]])
+}
+
+/// The element type whose size the im2col kernel moves for `dtype`.
+fn word(dtype: DType) -> Elem {
+    match dtype {
+        DType::F16 | DType::Bf16 => Elem::F16,
+        DType::F64 => Elem::F64,
+        _ => Elem::F32,
+    }
+}
+
+/// The unfolded input `[N · groups, C/g · kH · kW, H' · W']` of the contiguous `x`.
+fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let rows = g.batch * g.channels * g.kernel[0] * g.kernel[1];
+    let count = rows * g.pixels();
+    let bytes = count * x.dtype().size();
+    let key = KernelKey::Im2col(Im2colKey {
+        elem: word(x.dtype()),
+    });
+    let sizes = [g.input[0], g.input[1], g.output[0], g.output[1]];
+    let taps = [
+        g.kernel[0],
+        g.kernel[1],
+        g.stride[0],
+        g.stride[1],
+        g.pad_before[0],
+        g.pad_before[1],
+        g.dilation[0],
+        g.dilation[1],
+    ];
+    let too_large = || Error::ShapeMismatch {
+        op: "conv2d",
+        detail: format!(
+            "the unfolded input ({count} elements) or a kernel size exceeds what the device's \
+             kernels index; use smaller batches"
+        ),
+    };
+    let storage = match x.device() {
+        Device::Cuda(ordinal) => {
+            let kernel = Kernel::get(ordinal, &key)?;
+            let out = CudaBuffer::zeroed(ordinal, bytes)?;
+            let src = x.cuda_buffer().expect("a CUDA tensor has a buffer").view(0);
+            let dst = out.view(0);
+            let longs = [count, x.offset()]
+                .into_iter()
+                .chain(sizes)
+                .map(long_arg)
+                .collect::<Vec<_>>();
+            let ints = taps
+                .iter()
+                .map(|&t| i32::try_from(t).map_err(|_| too_large()))
+                .collect::<Result<Vec<_>>>()?;
+            let mut args = kernel.args();
+            args.ptr(&src).ptr(&dst);
+            for value in &longs {
+                args.long(value);
+            }
+            for value in &ints {
+                args.int(value);
+            }
+            let grid = (grid_dim("conv2d", count.div_ceil(256))?, 1, 1);
+            if count > 0 {
+                // SAFETY: the arguments follow im2col.cu's parameter list; every element it
+                // reads lies in the contiguous input (offset + N·C·H·W), and the output holds
+                // `count` elements.
+                unsafe { kernel.launch(args, grid) }?;
+            }
+            Storage::Device(Box::new(out))
+        }
+        Device::Wgpu(index) => {
+            let entry = crate::kernels::lookup(&key).expect("the im2col kernels are declared");
+            let kernel = entry.wgsl.as_ref().expect("f32 im2col has WGSL");
+            let groups = count.div_ceil(256);
+            let groups_x = groups.min(65_535);
+            let words = [count, x.offset()]
+                .into_iter()
+                .chain(sizes)
+                .chain(taps)
+                .chain([groups_x, 0])
+                .map(|v| u32::try_from(v).map_err(|_| too_large()))
+                .collect::<Result<Vec<_>>>()?;
+            let rows = u32::try_from(groups.div_ceil(groups_x.max(1))).map_err(|_| too_large())?;
+            let gpu = crate::runtime::wgpu::gpu(index)?;
+            let out = WgpuBuffer::output(gpu, bytes)?;
+            let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let src = x.wgpu_buffer().expect("a wgpu tensor has a buffer");
+            if count > 0 {
+                gpu.run(
+                    entry.name,
+                    kernel,
+                    &[src.raw(), out.raw()],
+                    &params,
+                    [groups_x as u32, rows, 1],
+                )?;
+            }
+            Storage::Device(Box::new(out))
+        }
+        Device::Cpu => unreachable!("the CPU unfolds on the host"),
+    };
+    let shape = [g.batch * g.groups, g.patch_len(), g.output[0] * g.output[1]];
+    Ok(Tensor::from_storage(storage, x.dtype(), x.device(), &shape))
+}
+
+/// Adds `bias` (`[channels]`) in place to the contiguous `out` (`[.., channels, inner]`).
+fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Result<()> {
+    let n = out.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let elem = out.dtype().elem().expect("a float output");
+    let key = KernelKey::BiasAdd(BiasAddKey { elem });
+    match out.device() {
+        Device::Cuda(ordinal) => {
+            let kernel = Kernel::get(ordinal, &key)?;
+            let size = out.dtype().size();
+            let x = out
+                .cuda_buffer()
+                .expect("a CUDA tensor has a buffer")
+                .view(out.offset() * size);
+            let b = bias
+                .cuda_buffer()
+                .expect("a CUDA tensor has a buffer")
+                .view(bias.offset() * size);
+            let longs = [n, inner, channels].map(long_arg);
+            let mut args = kernel.args();
+            args.ptr(&x).ptr(&b);
+            for value in &longs {
+                args.long(value);
+            }
+            let grid = (grid_dim("conv2d", n.div_ceil(256))?, 1, 1);
+            // SAFETY: the arguments follow bias_add.cu's parameter list; `out` holds n
+            // contiguous elements from its offset, and `bias` holds `channels`.
+            unsafe { kernel.launch(args, grid) }
+        }
+        Device::Wgpu(index) => {
+            let entry = crate::kernels::lookup(&key).expect("the bias kernels are declared");
+            let kernel = entry.wgsl.as_ref().expect("f32 bias_add has WGSL");
+            let groups = n.div_ceil(256);
+            let groups_x = groups.min(65_535);
+            let too_large = || Error::ShapeMismatch {
+                op: "conv2d",
+                detail: format!("an output of {n} elements exceeds what wgpu kernels index"),
+            };
+            let words = [
+                n,
+                inner,
+                channels,
+                groups_x,
+                out.offset(),
+                bias.offset(),
+                0,
+                0,
+            ]
+            .map(|v| u32::try_from(v).map_err(|_| too_large()));
+            let mut params = Vec::with_capacity(32);
+            for word in words {
+                params.extend(word?.to_le_bytes());
+            }
+            let rows = u32::try_from(groups.div_ceil(groups_x)).map_err(|_| too_large())?;
+            let gpu = crate::runtime::wgpu::gpu(index)?;
+            let x = out.wgpu_buffer().expect("a wgpu tensor has a buffer");
+            let b = bias.wgpu_buffer().expect("a wgpu tensor has a buffer");
+            gpu.run(
+                entry.name,
+                kernel,
+                &[x.raw(), b.raw()],
+                &params,
+                [groups_x as u32, rows, 1],
+            )
+        }
+        Device::Cpu => unreachable!("the CPU adds on the host"),
+    }
+}
