@@ -309,3 +309,50 @@ fn the_generated_wgpu_kernels_match_the_direct_convolution() {
         Err(Error::DTypeMismatch { .. })
     ));
 }
+
+#[test]
+fn explain_names_the_lowering_precision_and_libraries() {
+    use backends::conv::explain;
+    let x = tensor(&random(2 * 4 * 6 * 6), &[2, 4, 6, 6], DType::F32);
+    let weight =
+        |o: usize, cg: usize, k: usize| tensor(&random(o * cg * k * k), &[o, cg, k, k], DType::F32);
+    let options = |groups| Conv2dOptions {
+        groups,
+        ..Default::default()
+    };
+    let choice = explain(&x, &weight(8, 4, 3), &options(1)).unwrap();
+    assert_eq!(
+        (choice.backend.as_str(), choice.lowering),
+        ("cpu", "im2col+gemm")
+    );
+    assert_eq!(
+        explain(&x, &weight(8, 4, 1), &options(1)).unwrap().lowering,
+        "gemm"
+    );
+    assert_eq!(
+        explain(&x, &weight(8, 2, 1), &options(2)).unwrap().lowering,
+        "im2col+gemm"
+    );
+    assert_eq!(
+        explain(&x, &weight(8, 1, 3), &options(4)).unwrap().lowering,
+        "direct depthwise"
+    );
+    assert!(choice.precision.contains("ieee"), "{choice:?}");
+    {
+        let _g =
+            backends::float32_matmul_precision_scoped(backends::Float32MatmulPrecision::Medium);
+        let medium = explain(&x, &weight(8, 4, 3), &options(1)).unwrap();
+        assert!(medium.precision.contains("bf16"), "{medium:?}");
+    }
+    assert!(choice.libraries.contains("nnpack"), "{choice:?}");
+    // explain checks the operands as conv2d does; unbatched inputs are explained too.
+    assert!(matches!(
+        explain(&x, &weight(8, 3, 3), &options(1)),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let one = tensor(&random(4 * 6 * 6), &[4, 6, 6], DType::F32);
+    assert_eq!(
+        explain(&one, &weight(8, 4, 3), &options(1)).unwrap(),
+        choice
+    );
+}

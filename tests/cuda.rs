@@ -905,4 +905,13 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
         err.to_string().contains("move f64 inputs to the CPU"),
         "{err}"
     );
+    let x = Tensor::from_f64(&random(2 * 3 * 4 * 4), &[2, 3, 4, 4], DType::F32, device).unwrap();
+    let w = Tensor::from_f64(&random(4 * 3 * 9), &[4, 3, 3, 3], DType::F32, device).unwrap();
+    let choice = backends::conv::explain(&x, &w, &Default::default()).unwrap();
+    assert_eq!(choice.lowering, "im2col+gemm");
+    assert!(
+        choice.precision.contains("ieee (cudnn.allow_tf32 off)"),
+        "{choice:?}"
+    );
+    assert!(choice.libraries.contains("cudnn"), "{choice:?}");
 }

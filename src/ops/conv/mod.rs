@@ -263,14 +263,35 @@ fn check_operands(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Res
     device::check_dtype(input.device(), input.dtype())
 }
 
-/// `torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)`:
-/// `[N, C, H, W]` (or `[C, H, W]`) by `[O, C / groups, kH, kW]` gives `[N, O, H', W']` (or
-/// `[O, H', W']`) in the input's dtype.
-pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Tensor> {
+/// How a convolution runs: what [`explain`] answers and the trace line shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvChoice {
+    /// Where, and by what: `cpu`, or the device and its `generated` kernels.
+    pub backend: String,
+    /// `direct depthwise` (CPU, one input channel per group), `gemm` (1×1 kernels, unit
+    /// stride, no padding: no unfolding; on the CPU with one group) or `im2col+gemm`.
+    pub lowering: &'static str,
+    /// How the GEMMs treat fp32 inputs, and which flag says so.
+    pub precision: String,
+    /// Why the vendor libraries (NNPACK on the CPU, cuDNN on CUDA) did not run.
+    pub libraries: String,
+}
+
+/// The choice [`conv2d`] makes for these operands (checked as `conv2d` checks them),
+/// without running it.
+pub fn explain(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<ConvChoice> {
+    Ok(plan(input, weight, options)?.1)
+}
+
+/// The checked geometry of a batched call and its choice.
+fn plan(
+    input: &Tensor,
+    weight: &Tensor,
+    options: &Conv2dOptions,
+) -> Result<(Geometry, ConvChoice)> {
     check_operands(input, weight, options.bias)?;
     if input.shape().len() == 3 {
-        let batched = conv2d(&input.unsqueeze(0)?, weight, options)?;
-        return batched.squeeze(0);
+        return plan(&input.unsqueeze(0)?, weight, options);
     }
     let g = geometry(input, weight, options)?;
     if let Some(bias) = options.bias
@@ -283,16 +304,51 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
         )));
     }
     let device = input.device();
-    let lowering = if g.is_pointwise() {
+    let lowering = if device == Device::Cpu && g.group_channels() == 1 && g.groups > 1 {
+        "direct depthwise"
+    } else if g.is_pointwise() && (device != Device::Cpu || g.groups == 1) {
         "gemm"
     } else {
         "im2col+gemm"
     };
+    let choice = ConvChoice {
+        backend: match device {
+            Device::Cpu => "cpu".into(),
+            device => format!("{device}/generated"),
+        },
+        lowering,
+        precision: match (device, input.dtype()) {
+            (Device::Cpu | Device::Wgpu(_), DType::F32) => {
+                let mode = crate::core::precision::matmul::fp32_precision_effective();
+                format!("{mode} (matmul's fp32_precision)")
+            }
+            (Device::Cuda(_), DType::F32) => device::precision_note(device, input.dtype()),
+            (_, dtype) => format!("{dtype} inputs, f32 accumulation"),
+        },
+        libraries: match device {
+            Device::Cpu => nnpack_note(),
+            device => cudnn_note(device).into(),
+        },
+    };
+    Ok((g, choice))
+}
+
+/// `torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)`:
+/// `[N, C, H, W]` (or `[C, H, W]`) by `[O, C / groups, kH, kW]` gives `[N, O, H', W']` (or
+/// `[O, H', W']`) in the input's dtype. [`explain`] tells how it runs.
+pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Tensor> {
+    if input.shape().len() == 3 {
+        check_operands(input, weight, options.bias)?;
+        let batched = conv2d(&input.unsqueeze(0)?, weight, options)?;
+        return batched.squeeze(0);
+    }
+    let (g, choice) = plan(input, weight, options)?;
+    let device = input.device();
     let describe = || Call {
         kernel: "conv2d".into(),
         backend: match device {
-            Device::Cpu => format!("cpu/{lowering}"),
-            device => format!("{device}/generated {lowering}"),
+            Device::Cpu => format!("cpu/{}", choice.lowering),
+            _ => format!("{} {}", choice.backend, choice.lowering),
         },
         dtype: input.dtype(),
         shapes: format!(
@@ -304,14 +360,7 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
             g.dilation,
             g.groups
         ),
-        precision: match device {
-            Device::Cpu => nnpack_note(),
-            device => format!(
-                "{}, {}",
-                device::precision_note(device, input.dtype()),
-                cudnn_note(device)
-            ),
-        },
+        precision: format!("{}, {}", choice.precision, choice.libraries),
     };
     trace::kernel(describe, || match device {
         Device::Cpu => cpu::conv2d(input, weight, options.bias, &g),
