@@ -1,38 +1,9 @@
 //! `torch.backends.nnpack`: NNPACK (probed at run time) and its `enabled` flag.
 
-use std::sync::OnceLock;
-
-use crate::core::flag::{Flag, Guard, ScopedGuard};
-use crate::runtime::dylib::{self, Loaded};
-
-/// NNPACK may be used where it is available.
-pub static ENABLED: Flag<bool> = Flag::new("nnpack.enabled", true, None);
-
-fn library() -> Option<&'static Loaded> {
-    static LIB: OnceLock<Option<Loaded>> = OnceLock::new();
-    LIB.get_or_init(|| dylib::load("nnpack", &[])).as_ref()
-}
-
-/// Whether NNPACK loads here and initialises on this CPU.
-pub fn is_available() -> bool {
-    static INITIALISED: OnceLock<bool> = OnceLock::new();
-    *INITIALISED.get_or_init(|| {
-        library().is_some_and(|lib| {
-            // SAFETY: `nnp_initialize()` takes no arguments and returns an enum status
-            // (0 = success); it is safe to call more than once.
-            unsafe {
-                lib.lib
-                    .get::<unsafe extern "C" fn() -> i32>(b"nnp_initialize\0")
-            }
-            .is_ok_and(|init| unsafe { init() } == 0)
-        })
-    })
-}
-
-/// Whether NNPACK may be used.
-pub fn enabled() -> bool {
-    ENABLED.get()
-}
+use crate::core::flag::{Guard, ScopedGuard};
+use crate::ops::conv::nnpack::library;
+pub use crate::ops::conv::nnpack::{ENABLED, enabled, is_available};
+use crate::runtime::dylib;
 
 /// Sets whether NNPACK may be used; returns the previous setting.
 pub fn set_flags(enabled: bool) -> bool {

@@ -915,3 +915,15 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
     );
     assert!(choice.libraries.contains("cudnn"), "{choice:?}");
 }
+
+/// Split-KV decoding on CUDA: the memory-efficient kernel computes the key chunks as the
+/// sequences of one packed call and the generated combine kernel merges them (f32, and bf16
+/// with flash turned off so that the memory-efficient kernel serves).
+#[test]
+fn split_kv_decoding_combines_the_chunks() {
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    common::serving::split_kv_decoding_matches(device, &[DType::F32], false);
+    let _no_flash = backends::attention::sdpa_kernel_scoped(&[SdpBackend::MemEfficient], false);
+    common::serving::split_kv_decoding_matches(device, &[DType::Bf16], false);
+}

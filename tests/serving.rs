@@ -216,6 +216,18 @@ fn bad_offsets_tables_and_options_are_typed_errors() {
 /// The same calls on wgpu (lavapipe here): the memory-efficient WGSL kernel reads the
 /// sequence table (packed offsets, or the paged cache's lengths and block table).
 #[test]
+fn split_kv_decoding_runs_on_wgpu() {
+    let Some(device) = common::adapter() else {
+        return;
+    };
+    common::serving::split_kv_decoding_matches(
+        device,
+        &[backends::DType::F32, backends::DType::F16],
+        true,
+    );
+}
+
+#[test]
 fn serving_calls_run_on_wgpu() {
     let Some(device) = common::adapter() else {
         return;

@@ -175,6 +175,13 @@ pub struct BiasAddKey {
     pub elem: Elem,
 }
 
+/// Split-KV attention's combination of its chunks' partial results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AttentionCombineKey {
+    /// The element type of the partial and final outputs.
+    pub elem: Elem,
+}
+
 /// A kernel family: one template per target, one CUDA module per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -196,11 +203,13 @@ pub enum Family {
     Im2col,
     /// Per-channel bias additions.
     BiasAdd,
+    /// Split-KV attention's combine step.
+    AttentionCombine,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
@@ -210,6 +219,7 @@ impl Family {
         Family::StridedCopy,
         Family::Im2col,
         Family::BiasAdd,
+        Family::AttentionCombine,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -224,6 +234,7 @@ impl Family {
             Family::StridedCopy => "strided_copy",
             Family::Im2col => "im2col",
             Family::BiasAdd => "bias_add",
+            Family::AttentionCombine => "attention_combine",
         }
     }
 
@@ -237,6 +248,7 @@ impl Family {
             Family::StridedCopy => Some("strided_copy"),
             Family::Im2col => Some("im2col"),
             Family::BiasAdd => Some("bias_add"),
+            Family::AttentionCombine => Some("attention_combine"),
         }
     }
 }
@@ -279,6 +291,8 @@ pub enum KernelKey {
     Im2col(Im2colKey),
     /// A per-channel bias added.
     BiasAdd(BiasAddKey),
+    /// Split-KV partial results combined.
+    AttentionCombine(AttentionCombineKey),
 }
 
 impl KernelKey {
@@ -294,6 +308,7 @@ impl KernelKey {
             KernelKey::StridedCopy(_) => Family::StridedCopy,
             KernelKey::Im2col(_) => Family::Im2col,
             KernelKey::BiasAdd(_) => Family::BiasAdd,
+            KernelKey::AttentionCombine(_) => Family::AttentionCombine,
         }
     }
 
@@ -336,6 +351,10 @@ impl KernelKey {
                     elem(k.elem)
                 )
             }
+            KernelKey::AttentionCombine(k) => format!(
+                "KernelKey::AttentionCombine(AttentionCombineKey {{ elem: {} }})",
+                elem(k.elem)
+            ),
             KernelKey::MaskedSoftmax(k) => format!(
                 "KernelKey::MaskedSoftmax(MaskedSoftmaxKey {{ elem: {}, mask: {} }})",
                 elem(k.elem),

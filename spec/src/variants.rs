@@ -324,6 +324,28 @@ fn bias_add(elem: Elem) -> Variant {
     }
 }
 
+fn attention_combine(elem: Elem) -> Variant {
+    let launch = Launch {
+        threads: [256, 1, 1],
+        tile: [256, 1],
+        shared_bytes: 0,
+    };
+    Variant {
+        key: KernelKey::AttentionCombine(AttentionCombineKey { elem }),
+        name: format!("attention_combine_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![cuda_t(elem)],
+            launch,
+            min_sm: if elem == Elem::Bf16 { 80 } else { 70 },
+        }),
+        wgsl: wgsl_t(elem).map(|t| WgslSpec {
+            decls: vec![t],
+            launch,
+            needs_f16: elem == Elem::F16,
+        }),
+    }
+}
+
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -472,6 +494,9 @@ pub fn all() -> Vec<Variant> {
     }
     for elem in [F32, F64, F16, Bf16] {
         v.push(bias_add(elem));
+    }
+    for elem in [F32, F16, Bf16] {
+        v.push(attention_combine(elem));
     }
     // Math attention on a device computes in f32 (its half-type inputs run on the host).
     for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {

@@ -190,3 +190,85 @@ pub fn paged_error<T: Element>(
     );
     (rel_err(&got, &want), lines)
 }
+
+/// Split-KV decoding on a GPU `device`: calls whose query side is small against many keys
+/// run split (the trace says so) and match the float64 reference in output and
+/// log-sum-exp; a call the chunks cannot serve (upper-left causal: query 0 sees key 0 only)
+/// runs whole and matches too. With `gqa` false the grouped-head cases are left out (the
+/// memory-efficient backend refuses `enable_gqa` on dense calls, as PyTorch's does).
+pub fn split_kv_decoding_matches(device: Device, dtypes: &[backends::DType], gqa: bool) {
+    use backends::DType;
+    let lower = Some(CausalVariant::LowerRight);
+    // (H, Hk, Lq, Lk, causal, split)
+    let cases = [
+        (4, 4, 1, 1000, None, true),
+        (8, 2, 1, 2049, lower, true),
+        (2, 1, 3, 1300, None, true),
+        (3, 3, 2, 1300, None, true),
+        (2, 2, 1, 1000, Some(CausalVariant::UpperLeft), false),
+    ];
+    for &dtype in dtypes {
+        for (h, hk, lq, lk, causal, split) in cases {
+            if h != hk && !gqa {
+                continue;
+            }
+            let d = 64;
+            let (q, k, v) = (random(h * lq * d), random(hk * lk * d), random(hk * lk * d));
+            let held = |x: &[f64], shape: &[usize]| {
+                let cpu = Tensor::from_f64(x, shape, dtype, Device::Cpu).unwrap();
+                (cpu.to_device(device).unwrap(), cpu.to_f64().unwrap())
+            };
+            let (qt, qh) = held(&q, &[1, h, lq, d]);
+            let (kt, kh) = held(&k, &[1, hk, lk, d]);
+            let (vt, vh) = held(&v, &[1, hk, lk, d]);
+            let options = SdpaOptions {
+                is_causal: causal.is_some(),
+                causal_variant: causal.unwrap_or_default(),
+                enable_gqa: h != hk,
+                ..Default::default()
+            };
+            let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+            let capture = backends::TraceCapture::start();
+            let out = backends::sdpa(&qt, &kt, &vt, &options).unwrap();
+            let lines = capture.take();
+            let what = format!("{dtype} h={h} hk={hk} lq={lq} lk={lk} {causal:?} on {device}");
+            assert_eq!(
+                lines.iter().any(|l| l.contains("(split-KV)")),
+                split,
+                "{what}: {lines:?}"
+            );
+            let scale = 1.0 / (d as f64).sqrt();
+            let dims = [1, h, hk, lq, lk, d, d];
+            let want = attention_reference(&qh, &kh, &vh, dims, scale, causal, &|_, _, _, _| 0.0);
+            let err = rel_err(&out.output.to_f64().unwrap(), &want);
+            let bound = if dtype == DType::F32 { 1e-5 } else { 3e-3 };
+            assert!(err < bound, "{what}: {err:e}");
+            // The log-sum-exp of each row: log sum_j exp(q.k_j * scale) over its visible keys.
+            let lse = out.lse.expect("a fused backend").to_f64().unwrap();
+            for hh in 0..h {
+                let g = hh / (h / hk);
+                for i in 0..lq {
+                    let visible = match causal {
+                        Some(CausalVariant::UpperLeft) => i + 1,
+                        _ => lk,
+                    };
+                    let scores: Vec<f64> = (0..visible)
+                        .map(|j| {
+                            (0..d)
+                                .map(|x| qh[(hh * lq + i) * d + x] * kh[(g * lk + j) * d + x])
+                                .sum::<f64>()
+                                * scale
+                        })
+                        .collect();
+                    let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let want = top + scores.iter().map(|s| (s - top).exp()).sum::<f64>().ln();
+                    let got = lse[hh * lq + i];
+                    assert!(
+                        (got - want).abs() < 1e-4 * want.abs().max(1.0),
+                        "{what}: lse {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -37,7 +37,7 @@ pub(crate) fn check_dtype(device: Device, dtype: DType) -> Result<()> {
 /// How the GEMMs round fp32 inputs here, for the trace.
 pub(crate) fn precision_note(device: Device, dtype: DType) -> String {
     match (device, dtype) {
-        (Device::Cuda(_), DType::F32) if crate::cudnn::allow_tf32() => {
+        (Device::Cuda(_), DType::F32) if crate::core::cudnn::allow_tf32() => {
             "tf32 (cudnn.allow_tf32)".into()
         }
         (Device::Cuda(_), DType::F32) => "ieee (cudnn.allow_tf32 off)".into(),
@@ -61,7 +61,7 @@ pub(crate) fn conv2d(
     };
     let _precision = match device {
         Device::Cuda(_) => Some(crate::core::precision::matmul::FP32_PRECISION.guard_scoped(
-            if crate::cudnn::allow_tf32() {
+            if crate::core::cudnn::allow_tf32() {
                 crate::Fp32Precision::Tf32
             } else {
                 crate::Fp32Precision::Ieee

@@ -23,6 +23,7 @@
 
 mod cpu;
 mod device;
+pub mod nnpack;
 
 use crate::core::trace::{self, Call};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -371,7 +372,7 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
 /// Why cuDNN's convolution did not run, for the trace.
 fn cudnn_note(device: Device) -> &'static str {
     match device {
-        Device::Cuda(_) if !crate::cudnn::enabled() => "cudnn off (cudnn.enabled)",
+        Device::Cuda(_) if !crate::core::cudnn::enabled() => "cudnn off (cudnn.enabled)",
         Device::Cuda(_) => "cudnn convolution not wired in: generated kernels",
         _ => "no cudnn on wgpu",
     }
@@ -379,9 +380,9 @@ fn cudnn_note(device: Device) -> &'static str {
 
 /// Why NNPACK did not run, for the trace.
 fn nnpack_note() -> String {
-    if !crate::nnpack::enabled() {
+    if !nnpack::enabled() {
         "nnpack off (nnpack.flags)".into()
-    } else if crate::nnpack::is_available() {
+    } else if nnpack::is_available() {
         "nnpack loadable but not used: its convolution is not wired in".into()
     } else {
         "nnpack not loadable here".into()

@@ -81,7 +81,9 @@ pub(super) fn band_args(op: &'static str, job: &Job) -> Result<[i32; 4]> {
 /// How the GPU attention kernels find a call's rows: the (batch, head, row) element strides
 /// of q, k, v and o, the log-sum-exp's (batch, head) strides, and for a serving call the
 /// sequence table they read (`seqs` 1 packed, 2 paged, 0 dense; the layout the kernels'
-/// headers describe). Serving inputs are contiguous ([`super::serving`] makes them so).
+/// headers describe). Packed q, k and v may be views with a contiguous last dimension (the
+/// split-KV chunks read a dense call's keys that way); paged caches are contiguous
+/// ([`super::serving`] makes them so).
 pub(super) struct GpuRows {
     pub(super) q: [usize; 3],
     pub(super) k: [usize; 3],
@@ -116,6 +118,9 @@ impl GpuRows {
                 .collect()
         };
         let packed_rows = |heads: usize, width: usize| [0, width, heads * width];
+        // A packed tensor [tokens, heads, width] of any strides (the last contiguous):
+        // (batch, head, row) strides as the kernels take them.
+        let packed = |t: &Tensor| [0, t.strides()[1], t.strides()[0]];
         Ok(match job.seqs {
             None => GpuRows {
                 q,
@@ -134,9 +139,9 @@ impl GpuRows {
             Some(Sequences::Packed { cu_q, cu_k }) => {
                 let total = cu_q[cu_q.len() - 1];
                 GpuRows {
-                    q: packed_rows(s.h, s.d),
-                    k: packed_rows(s.hk, s.d),
-                    v: packed_rows(s.hk, s.dv),
+                    q: packed(job.query),
+                    k: packed(job.key),
+                    v: packed(job.value),
                     o: packed_rows(s.h, s.dv),
                     lse: [0, total],
                     lse_len: s.h * total,

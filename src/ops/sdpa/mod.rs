@@ -31,6 +31,7 @@ pub mod params;
 pub mod pin;
 pub mod select;
 pub mod serving;
+mod split;
 mod wgpu;
 
 use crate::core::generator::{Generator, default_generator};
@@ -276,6 +277,22 @@ pub fn sdpa(
                     lse: Some(lse),
                     backend,
                 })
+            })
+        }
+        (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Flash | SdpBackend::MemEfficient)
+            if pin.and_then(|p| p.entry()).is_none()
+                && split::chunks(&job, query.device(), backend) > 1 =>
+        {
+            let chunks = split::chunks(&job, query.device(), backend);
+            let note = format!(
+                "{}, keys split into {chunks} chunks combined by their log-sum-exps (split-KV)",
+                match query.device() {
+                    Device::Wgpu(_) => "wgsl, f32 compute".to_string(),
+                    _ => cuda::note(backend, query.dtype()),
+                }
+            );
+            trace::kernel(describe(&note), || {
+                split::run(query.device(), backend, &job, chunks)
             })
         }
         (Device::Wgpu(index), SdpBackend::Flash | SdpBackend::MemEfficient) => {
