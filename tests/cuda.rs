@@ -924,6 +924,7 @@ fn split_kv_decoding_combines_the_chunks() {
     let Some(d) = gpu() else { return };
     let device = Device::Cuda(d);
     common::serving::split_kv_decoding_matches(device, &[DType::F32], false);
+    common::serving::split_kv_paged_decoding_matches(device);
     let _no_flash = backends::attention::sdpa_kernel_scoped(&[SdpBackend::MemEfficient], false);
     common::serving::split_kv_decoding_matches(device, &[DType::Bf16], false);
 }

@@ -221,8 +221,9 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Im2col => [n(B64, 8), n(B32, 8)].concat(),
         // x, bias; n, inner, channels.
         Family::BiasAdd => n(B64, 5),
-        // partial, partial_lse, out, lse; H, Lq, Dv, S.
-        Family::AttentionCombine => [n(B64, 4), n(B32, 4)].concat(),
+        // partial, partial_lse, out, lse; B, H, Lq, Dv, S; 4 partial strides, 4 lse
+        // strides.
+        Family::AttentionCombine => [n(B64, 4), n(B32, 5), n(B64, 8)].concat(),
         // s, mask, p; H, Lq, Lk; scale; band, lo, hi, lower_right; 4 mask strides;
         // dropout_p, seed.
         Family::MaskedSoftmax => [

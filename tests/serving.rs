@@ -225,6 +225,7 @@ fn split_kv_decoding_runs_on_wgpu() {
         &[backends::DType::F32, backends::DType::F16],
         true,
     );
+    common::serving::split_kv_paged_decoding_matches(device);
 }
 
 #[test]

@@ -191,6 +191,22 @@ pub fn paged_error<T: Element>(
     (rel_err(&got, &want), lines)
 }
 
+/// Split-KV decoding of a paged cache on a GPU `device`: sequences of different lengths
+/// (one empty, one shorter than a chunk) split into chunks of whole blocks, the trace says
+/// so, and each sequence matches its float64 reference.
+pub fn split_kv_paged_decoding_matches(device: Device) {
+    let lower = Masking {
+        causal: Some(CausalVariant::LowerRight),
+        ..NONE
+    };
+    for (masking, hk) in [(NONE, 4), (lower, 2)] {
+        let (err, lines) =
+            paged_error::<f32>(&[1500, 40, 0, 900], (4, hk, 1, 32, 16), masking, device);
+        assert!(err < 1e-5, "{masking:?} hk={hk} on {device}: {err:e}");
+        assert!(lines.iter().any(|l| l.contains("(split-KV)")), "{lines:?}");
+    }
+}
+
 /// Split-KV decoding on a GPU `device`: calls whose query side is small against many keys
 /// run split (the trace says so) and match the float64 reference in output and
 /// log-sum-exp; a call the chunks cannot serve (upper-left causal: query 0 sees key 0 only)

@@ -265,6 +265,15 @@ fn run(
         v.as_ref().unwrap_or(value),
     );
     let job = Job::new([query, key, value], options, shape, Some(seqs))?;
+    let chunks = match device {
+        Device::Cpu => 1,
+        _ => super::split::chunks(&job, device, backend),
+    };
+    let split_note = if chunks > 1 {
+        format!(", keys split into {chunks} chunks combined by their log-sum-exps (split-KV)")
+    } else {
+        String::new()
+    };
     let note = match device {
         Device::Cpu => format!(
             "{}, {}",
@@ -282,7 +291,7 @@ fn run(
         backend: device.to_string(),
         dtype: query.dtype(),
         shapes: format!("{:?}x{:?}x{:?}", query.shape(), key.shape(), value.shape()),
-        precision: format!("{note}, {} sequences", shape.b),
+        precision: format!("{note}, {} sequences{split_note}", shape.b),
     };
     trace::kernel(describe, || match device {
         Device::Cpu => {
@@ -293,6 +302,7 @@ fn run(
                 backend,
             })
         }
+        _ if chunks > 1 => super::split::run(device, backend, &job, chunks),
         Device::Wgpu(index) => super::wgpu::wgpu_fused(index, backend, None, &job),
         Device::Cuda(ordinal) => super::cuda::fused(ordinal, backend, None, &job),
     })
