@@ -81,12 +81,7 @@ fn run<T: Element>(
         out
     };
     if let Some(bias) = bias {
-        let bias = bias.to_vec::<T>()?;
-        for (row, b) in out.chunks_mut(p.max(1)).zip(bias.iter().cycle()) {
-            for x in row {
-                *x = T::from_f64(x.to_f64() + b.to_f64());
-            }
-        }
+        add_bias(&mut out, &bias.to_vec::<T>()?, p);
     }
     Tensor::from_vec(out, &out_shape, Device::Cpu)
 }
@@ -165,6 +160,33 @@ where
         }
     });
     Ok(out)
+}
+
+/// Adds `bias[c]` to each `pixels`-long row of channel `c` of `out` (`[N, O, pixels]`), in
+/// f64 for f64 and in f32 otherwise (one rounding to T), rows spread over the pool.
+fn add_bias<T: Element>(out: &mut [T], bias: &[T], pixels: usize) {
+    if pixels == 0 || bias.is_empty() {
+        return;
+    }
+    let rows = out.len() / pixels;
+    let per = rows.div_ceil(crate::get_num_threads().max(1)).max(1);
+    let chunks: Vec<(usize, &mut [T])> = out
+        .chunks_mut(per * pixels)
+        .enumerate()
+        .map(|(i, c)| (i * per, c))
+        .collect();
+    crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
+        for (r, row) in chunk.chunks_mut(pixels).enumerate() {
+            let b = bias[(first + r) % bias.len()];
+            if T::DTYPE == DType::F64 {
+                let b = b.to_f64();
+                row.iter_mut().for_each(|x| *x = T::from_f64(x.to_f64() + b));
+            } else {
+                let b = b.to_f32();
+                row.iter_mut().for_each(|x| *x = T::from_f32(x.to_f32() + b));
+            }
+        }
+    });
 }
 
 /// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
