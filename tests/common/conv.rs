@@ -214,6 +214,25 @@ pub fn cases() -> Vec<Case> {
             stride: [2, 2],
             ..BASE
         },
+        // Taps that read nothing but padding (dilated past a narrow input), dense and
+        // depthwise.
+        Case {
+            hw: [2, 1],
+            k: [3, 3],
+            dilation: [3, 3],
+            padding: Padding::Explicit([4, 4]),
+            ..BASE
+        },
+        Case {
+            hw: [1, 2],
+            k: [3, 3],
+            dilation: [3, 3],
+            stride: [2, 1],
+            padding: Padding::Explicit([4, 4]),
+            groups: 3,
+            o: 3,
+            ..BASE
+        },
         // A kernel as large as the input; a 1-pixel input with padding.
         Case {
             k: [9, 7],

@@ -133,6 +133,9 @@ where
                     let tap = weights[(channel * kh + ki) * kw + kj];
                     let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
                     let columns = inside(shift, g.stride[1], w, ow);
+                    if columns.is_empty() {
+                        continue; // (the tap reads padding only)
+                    }
                     for y in 0..oh {
                         let iy =
                             (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
@@ -244,6 +247,9 @@ fn unfold<T: Element>(images: &[T], g: &Geometry, cols: &mut [T]) {
             // `columns` (the rest stay zero: the padding).
             let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
             let columns = inside(shift, g.stride[1], w, ow);
+            if columns.is_empty() {
+                continue; // (the row is zero: the tap reads padding only)
+            }
             for y in 0..oh {
                 let iy = (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
                 let Some(iy) = iy.filter(|&iy| iy < h) else {
