@@ -272,6 +272,21 @@ fn bad_arguments_are_typed_errors() {
         conv2d(&flat, &w, &Conv2dOptions::default()),
         Err(Error::ShapeMismatch { .. })
     ));
+    // An empty kernel or no output channels: PyTorch's errors.
+    let flat_kernel = tensor(&[], &[4, 4, 0, 3], DType::F32);
+    let err = conv2d(&x, &flat_kernel, &Conv2dOptions::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("kernel size should be greater than zero"),
+        "{err}"
+    );
+    let no_outputs = tensor(&[], &[0, 4, 3, 3], DType::F32);
+    let err = conv2d(&x, &no_outputs, &Conv2dOptions::default()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("expected weight to be at least 1 at dimension 0"),
+        "{err}"
+    );
     // Sizes whose product overflows are errors, not aborts.
     let huge = Conv2dOptions {
         groups: 2,

@@ -1486,6 +1486,238 @@ fn mha_case(rng: &mut Rng) -> Result<(), String> {
     Ok(())
 }
 
+fn conv_case(rng: &mut Rng) -> Result<(), String> {
+    use backends::conv::{Conv2dOptions, Padding};
+    use common::conv::{Case as ConvCase, reference};
+    let groups = [1, 1, 2, 3, 0][rng.below(5)];
+    let per_group = [rng.dim(3), rng.dim(3)];
+    let (c, o) = (
+        per_group[0].saturating_mul(groups.max(1)),
+        per_group[1].saturating_mul(groups.max(1)),
+    );
+    let (n, hw, k) = (
+        rng.dim(2),
+        [rng.dim(7), rng.dim(7)],
+        [rng.dim(4), rng.dim(4)],
+    );
+    let small = |rng: &mut Rng| [0, 1, 1, 2, 3, 1 << 40][rng.below(6)];
+    let stride = [small(rng), small(rng)];
+    let dilation = [small(rng), small(rng)];
+    let padding = match rng.below(4) {
+        0 => Padding::Same,
+        1 => Padding::Valid,
+        _ => Padding::Explicit([small(rng).min(3), [0, 1, 2, usize::MAX / 2][rng.below(4)]]),
+    };
+    let dt = [DType::F32, DType::F64, DType::F32, DType::Bf16, DType::Bool][rng.below(5)];
+    let weight_channels = if rng.chance(90) {
+        per_group[0]
+    } else {
+        per_group[0].saturating_add(1)
+    };
+    let (Some((x, xh)), Some((w, wh)), Some((b, bh))) = (
+        tensor(rng, &[n, c, hw[0], hw[1]], dt),
+        tensor(rng, &[o, weight_channels, k[0], k[1]], dt),
+        tensor(rng, &[o], dt),
+    ) else {
+        return Ok(());
+    };
+    let bias = rng.chance(50);
+    let options = Conv2dOptions {
+        bias: bias.then_some(&b),
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    // A valid call whose output would fill gigabytes (huge paddings) is not made: its
+    // sizes are the same checked arithmetic as the small ones.
+    let side = |d: usize| -> Option<usize> {
+        let pad = match padding {
+            Padding::Explicit(p) => p[d].checked_mul(2)?,
+            _ => k[d].checked_sub(1)?.checked_mul(dilation[d])?,
+        };
+        hw[d]
+            .checked_add(pad)?
+            .checked_div(stride[d].max(1))?
+            .checked_add(1)
+    };
+    if let (Some(out_h), Some(out_w)) = (side(0), side(1))
+        && numel(&[n, o, out_h, out_w]).is_some_and(|count| count > 1 << 20)
+    {
+        return Ok(());
+    }
+    let Some(out) = typed(backends::conv2d(&x, &w, &options)) else {
+        return Ok(());
+    };
+    let case = ConvCase {
+        n,
+        c,
+        hw,
+        o,
+        k,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bias,
+    };
+    // Huge paddings or strides give valid, large outputs (of the bias alone): the direct
+    // reference is run on small ones only.
+    if out.numel() > 4096 {
+        return Ok(());
+    }
+    let (want, shape) = reference(&case, &xh, &wh, &bh);
+    if out.shape() != shape {
+        return Err(format!(
+            "output {:?}, want {shape:?} for {case:?}",
+            out.shape()
+        ));
+    }
+    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+    let (magnitude, _) = reference(&case, &abs(&xh), &abs(&wh), &abs(&bh));
+    compared();
+    if !close(&out.to_f64().unwrap(), &want, &magnitude, dt) {
+        return Err(format!("{dt} {case:?}: wrong values"));
+    }
+    Ok(())
+}
+
+/// Row-major product of `a` (`m × k`) and `b` (`k × n`), entries as given.
+fn product(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            for j in 0..n {
+                c[i * n + j] += a[i * k + p] * b[p * n + j];
+            }
+        }
+    }
+    c
+}
+
+fn linalg_case(rng: &mut Rng) -> Result<(), String> {
+    use backends::linalg;
+    let batch: Vec<usize> = (0..rng.below(3)).map(|_| rng.dim(3)).collect();
+    let (m, n) = (rng.dim(6), if rng.chance(60) { 0 } else { rng.dim(6) });
+    let n = if n == 0 && rng.chance(90) { m } else { n };
+    let dt = [DType::F32, DType::F64, DType::F64, DType::F16, DType::I32][rng.below(5)];
+    let shape: Vec<usize> = batch.iter().copied().chain([m, n]).collect();
+    // An empty input with a huge batch asks for huge outputs (lu's P, the identity of each
+    // of them): valid, but not made here.
+    let side = m.max(n).max(1);
+    if numel(&batch)
+        .and_then(|count| count.checked_mul(side.checked_mul(side)?))
+        .is_none_or(|c| c > 1 << 20)
+    {
+        return Ok(());
+    }
+    let Some((a, ah)) = tensor(rng, &shape, if dt == DType::I32 { DType::F64 } else { dt }) else {
+        return Ok(());
+    };
+    let a = if dt == DType::I32 {
+        Tensor::full(1i32, &shape, Device::Cpu).map_err(|e| e.to_string())?
+    } else {
+        a
+    };
+    let upper = rng.chance(50);
+    let values = |t: &Tensor| t.to_f64().unwrap();
+    match rng.below(8) {
+        0 => {
+            typed(linalg::inv(&a));
+        }
+        1 => {
+            typed(linalg::cholesky(&a, upper));
+        }
+        2 => {
+            let columns = rng.dim(3);
+            let rhs = tensor(rng, &[m, columns], dt).map(|t| t.0);
+            if let (Some(factors), Some(rhs)) = (typed(linalg::lu_factor(&a)), rhs) {
+                typed(linalg::lu_solve(&factors, &rhs));
+            }
+        }
+        3 => {
+            typed(linalg::qr(
+                &a,
+                [
+                    linalg::QrMode::Reduced,
+                    linalg::QrMode::Complete,
+                    linalg::QrMode::R,
+                ][rng.below(3)],
+            ));
+        }
+        4 => {
+            if let (Some(e), Some(w)) = (
+                typed(linalg::eigh(&a, upper)),
+                typed(linalg::eigvalsh(&a, upper)),
+            ) {
+                compared();
+                let (ev, wv) = (values(&e.eigenvalues), values(&w));
+                let finite = ev.iter().all(|x| x.is_finite());
+                if finite
+                    && !close(
+                        &ev,
+                        &wv,
+                        &ev.iter().map(|x| x.abs() + 1.0).collect::<Vec<_>>(),
+                        dt,
+                    )
+                {
+                    return Err(format!("eigh and eigvalsh differ: {ev:?} vs {wv:?}"));
+                }
+            }
+        }
+        5 => {
+            if let (Some(s), Some(v)) = (
+                typed(linalg::svd(&a, rng.chance(50))),
+                typed(linalg::svdvals(&a)),
+            ) {
+                compared();
+                let (sv, vv) = (values(&s.s), values(&v));
+                if !close(
+                    &sv,
+                    &vv,
+                    &sv.iter().map(|x| x.abs() + 1.0).collect::<Vec<_>>(),
+                    dt,
+                ) {
+                    return Err(format!("svd and svdvals differ: {sv:?} vs {vv:?}"));
+                }
+            }
+        }
+        6 => {
+            typed(linalg::cholesky_inverse(&a, upper));
+            let columns = rng.dim(3);
+            let rhs = tensor(rng, &[m, columns], dt).map(|t| t.0);
+            if let Some(rhs) = rhs {
+                typed(linalg::cholesky_solve(&rhs, &a, upper));
+            }
+        }
+        _ => {
+            // P L U reproduces A (partial pivoting is backward stable: within the dtype's
+            // bound of |P| |L| |U|).
+            if let Some(lu) = typed(linalg::lu(&a)) {
+                compared();
+                let k = m.min(n);
+                let count = batch.iter().product::<usize>();
+                let (p, l, u) = (values(&lu.p), values(&lu.l), values(&lu.u));
+                for i in 0..count {
+                    let (pi, li, ui) = (
+                        &p[i * m * m..][..m * m],
+                        &l[i * m * k..][..m * k],
+                        &u[i * k * n..][..k * n],
+                    );
+                    let got = product(pi, &product(li, ui, m, k, n), m, m, n);
+                    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+                    let magnitude =
+                        product(&abs(pi), &product(&abs(li), &abs(ui), m, k, n), m, m, n);
+                    if !close(&got, &ah[i * m * n..][..m * n], &magnitude, dt) {
+                        return Err(format!("P L U is not A for {shape:?} {dt}"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn guards_case(rng: &mut Rng) -> Result<(), String> {
     use backends::{cuda, cudnn, opt_einsum};
     let before = (
@@ -1536,7 +1768,7 @@ fn every_entry_point_gives_a_typed_error_or_the_reference() {
         return;
     }
     // Each entry point must also have been checked on results, not only on errors.
-    let cases: [(&str, Case); 10] = [
+    let cases: [(&str, Case); 12] = [
         ("tensor construction and views", construction_and_views),
         ("views and copies", views_case),
         ("matmul", matmul_case),
@@ -1546,6 +1778,8 @@ fn every_entry_point_gives_a_typed_error_or_the_reference() {
         ("einsum", einsum_case),
         ("fft", fft_case),
         ("multi_head_attention_forward", mha_case),
+        ("conv2d", conv_case),
+        ("linalg", linalg_case),
         ("flag guards", guards_case),
     ];
     for (what, case) in cases {

@@ -183,10 +183,12 @@ fn add_bias<T: Element>(out: &mut [T], bias: &[T], pixels: usize) {
             let b = bias[(first + r) % bias.len()];
             if T::DTYPE == DType::F64 {
                 let b = b.to_f64();
-                row.iter_mut().for_each(|x| *x = T::from_f64(x.to_f64() + b));
+                row.iter_mut()
+                    .for_each(|x| *x = T::from_f64(x.to_f64() + b));
             } else {
                 let b = b.to_f32();
-                row.iter_mut().for_each(|x| *x = T::from_f32(x.to_f32() + b));
+                row.iter_mut()
+                    .for_each(|x| *x = T::from_f32(x.to_f32() + b));
             }
         }
     });

@@ -177,6 +177,22 @@ fn geometry(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<
             ),
         });
     }
+    if kh == 0 || kw == 0 {
+        return Err(Error::InvalidArgument {
+            what: "weight",
+            why: format!(
+                "kernel size should be greater than zero, but got kernel_height: {kh} \
+                 kernel_width: {kw}"
+            ),
+        });
+    }
+    if out_channels == 0 {
+        return Err(shape_error(format!(
+            "Given groups={groups}, expected weight to be at least 1 at dimension 0, but got \
+             weight of size {:?} instead",
+            weight.shape()
+        )));
+    }
     if out_channels % groups != 0 || group_channels.checked_mul(groups) != Some(channels) {
         return Err(shape_error(format!(
             "Given groups={groups}, weight of size {:?}, expected input{:?} to have {} channels, \

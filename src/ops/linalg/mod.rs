@@ -178,18 +178,29 @@ struct Item<'a, T> {
     pivots: &'a mut [i32],
 }
 
-/// Splits `buffer` into `count` chunks of `size` (empty chunks where `size` is 0).
-fn chunks<T>(buffer: &mut [T], count: usize, size: usize) -> Vec<&mut [T]> {
+/// `buffer` in `parts` runs of `per · size` elements (the last shorter; empty runs where
+/// `size` is 0).
+fn runs<T>(buffer: &mut [T], parts: usize, per: usize, size: usize) -> Vec<&mut [T]> {
     if size == 0 {
-        (0..count).map(|_| <&mut [T]>::default()).collect()
+        (0..parts).map(|_| <&mut [T]>::default()).collect()
     } else {
-        buffer.chunks_exact_mut(size).collect()
+        buffer.chunks_mut(per * size).collect()
     }
+}
+
+/// One thread's share of a batch: elements `first..first + len`, and its runs of each
+/// output (and of the pivots).
+struct Share<'a, T> {
+    first: usize,
+    len: usize,
+    outs: Vec<&'a mut [T]>,
+    pivots: &'a mut [i32],
 }
 
 /// Runs `work` on each of `count` batch elements over the thread pool, with outputs of
 /// `sizes` elements each (and `pivots` i32s each); the failure of the lowest batch index is
-/// the error.
+/// the error. (Each thread takes one contiguous share: nothing is made per element up front,
+/// and a batch whose every output is empty is not walked.)
 fn batched<T: Real>(
     op: &'static str,
     count: usize,
@@ -208,30 +219,61 @@ fn batched<T: Real>(
         .map(|&size| host_zeros::<T>(op, total(size)?))
         .collect::<Result<Vec<_>>>()?;
     let mut pivot_buffer = host_zeros::<i32>(op, total(pivots)?)?;
-    let mut items: Vec<Item<'_, T>> = chunks(&mut pivot_buffer, count, pivots)
+    if count == 0 || (pivots == 0 && sizes.iter().all(|&s| s == 0)) {
+        return Ok((buffers, pivot_buffer));
+    }
+    let parts = crate::get_num_threads().clamp(1, count);
+    let per = count.div_ceil(parts);
+    let parts = count.div_ceil(per);
+    let mut shares: Vec<Share<'_, T>> = runs(&mut pivot_buffer, parts, per, pivots)
         .into_iter()
         .enumerate()
-        .map(|(index, pivots)| Item {
-            index,
+        .map(|(p, pivots)| Share {
+            first: p * per,
+            len: per.min(count - p * per),
             outs: Vec::with_capacity(sizes.len()),
             pivots,
         })
         .collect();
     for (buffer, &size) in buffers.iter_mut().zip(sizes) {
-        for (item, chunk) in items.iter_mut().zip(chunks(buffer, count, size)) {
-            item.outs.push(chunk);
+        for (share, run) in shares.iter_mut().zip(runs(buffer, parts, per, size)) {
+            share.outs.push(run);
         }
     }
     let first_failure: Mutex<Option<(usize, LinAlgFailure)>> = Mutex::new(None);
-    let run = |mut item: Item<'_, T>| {
-        if let Err(failure) = work(&mut item) {
-            let mut first = first_failure.lock().unwrap_or_else(|p| p.into_inner());
-            if first.is_none_or(|(index, _)| item.index < index) {
-                *first = Some((item.index, failure));
+    let run = |share: Share<'_, T>| {
+        let Share {
+            first,
+            len,
+            mut outs,
+            pivots: share_pivots,
+        } = share;
+        let mut pivot_runs = share_pivots.chunks_mut(pivots.max(1));
+        for i in 0..len {
+            let mut item = Item {
+                index: first + i,
+                outs: outs
+                    .iter_mut()
+                    .zip(sizes)
+                    .map(|(run, &size)| &mut run[i * size..(i + 1) * size])
+                    .collect(),
+                pivots: if pivots == 0 {
+                    &mut []
+                } else {
+                    pivot_runs.next().expect("a run per element")
+                },
+            };
+            if let Err(failure) = work(&mut item) {
+                let mut first = first_failure.lock().unwrap_or_else(|p| p.into_inner());
+                if first.is_none_or(|(index, _)| item.index < index) {
+                    *first = Some((item.index, failure));
+                }
+                // (The lowest failing index of this share is found: later ones lose to it.)
+                break;
             }
         }
     };
-    crate::runtime::threads::for_each(items, &run);
+    crate::runtime::threads::for_each(shares, &run);
     match first_failure
         .into_inner()
         .unwrap_or_else(|p| p.into_inner())
