@@ -12,7 +12,7 @@
 # Installs numpy (and, for the PyTorch rows, torch: a large download) into .venv/ from
 # PyPI on first use; where torch cannot be installed, those rows show ours alone.
 # Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048,
-#                                       and the FFT rows of issue 21)
+#                                       the rows of issue 21, conv2d and linalg)
 #        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -178,6 +178,43 @@ for equation, shapes, flops in (
     works.append((f"einsum {equation} f32 (GFLOP/s)",
                   f"einsum f32 {equation} {';'.join(','.join(map(str, s)) for s in shapes)}",
                   flops / 1e9, lambda q=equation, s=shapes: torch_einsum(q, s)))
+# conv2d (ResNet-like layers; 2 · N · O · H' · W' · C/g · k² FLOPs) against oneDNN, and
+# linalg at n = 256 and 1024 (f64; counted as n³ FLOPs, a nominal unit for the ratio)
+# against PyTorch's LAPACK, on the matrices examples/paired.rs builds (symmetric,
+# diagonally dominant).
+def torch_conv(dtype, n, c, hw, o, k, stride, pad, groups):
+    x = (torch.rand(n, c, hw, hw) * 2 - 1).to(dtype)
+    w = (torch.rand(o, c // groups, k, k) * 2 - 1).to(dtype)
+    b = torch.rand(o).to(dtype)
+    return lambda: F.conv2d(x, w, b, stride=stride, padding=pad, groups=groups)
+
+for name, dtype, n, c, hw, o, k, stride, pad, groups in (
+        ("f32", "float32", 1, 64, 56, 64, 3, 1, 1, 1),
+        ("f32", "float32", 1, 256, 14, 256, 3, 1, 1, 1),
+        ("f32", "float32", 1, 3, 224, 64, 7, 2, 3, 1),
+        ("f32", "float32", 1, 256, 56, 64, 1, 1, 0, 1),
+        ("f32", "float32", 1, 32, 112, 32, 3, 1, 1, 32),
+        ("bf16", "bfloat16", 1, 64, 56, 64, 3, 1, 1, 1)):
+    out = (hw + 2 * pad - k) // stride + 1
+    flops = 2 * n * o * out * out * (c // groups) * k * k
+    works.append((f"conv2d {name} [{n},{c},{hw},{hw}] {k}x{k}/{stride} -> {o} g={groups} (GFLOP/s)",
+                  f"conv {name} {n} {c} {hw} {hw} {o} {k} {stride} {pad} {groups}", flops / 1e9,
+                  lambda t=dtype, a=(n, c, hw, o, k, stride, pad, groups): torch_conv(getattr(torch, t), *a)))
+
+def torch_linalg(op, size):
+    i, j = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    lo, hi = torch.minimum(i, j), torch.maximum(i, j)
+    a = ((lo * 7919 + hi * 104729) % 1000).double() / 1000 - 0.5
+    a.fill_diagonal_(float(size))
+    return {"inv": lambda: torch.linalg.inv(a), "cholesky": lambda: torch.linalg.cholesky(a),
+            "lu_factor": lambda: torch.linalg.lu_factor(a), "qr": lambda: torch.linalg.qr(a),
+            "eigh": lambda: torch.linalg.eigh(a),
+            "svd": lambda: torch.linalg.svd(a, full_matrices=False)}[op]
+
+for op in ("inv", "cholesky", "lu_factor", "qr", "eigh", "svd"):
+    for size in (256, 1024):
+        works.append((f"linalg f64 {op} n={size} (n^3 / s, G)", f"linalg f64 {op} {size}",
+                      size**3 / 1e9, lambda op=op, size=size: torch_linalg(op, size)))
 for name, dtype in (("f32", "float32"), ("bf16", "bfloat16")):
     n, l, e, h = 2, 512, 1024, 16
     flops = 2 * n * l * e * 4 * e + 4 * n * l * l * e
