@@ -126,10 +126,12 @@ fn on_device(t: &Tensor) -> Result<Option<Tensor>> {
                 return Ok(None);
             };
             let word = |x: usize| u32::try_from(x).ok();
-            let groups = n.div_ceil(256);
-            let groups_x = groups.min(65_535);
+            let Ok(dispatch) = crate::runtime::wgpu::folded_groups("contiguous", n.div_ceil(256))
+            else {
+                return Ok(None);
+            };
             let mut words = Vec::with_capacity(4 + 2 * RANK);
-            for x in [n, t.offset(), groups_x, 0]
+            for x in [n, t.offset(), dispatch[0] as usize, 0]
                 .into_iter()
                 .chain(shape)
                 .chain(steps)
@@ -141,16 +143,13 @@ fn on_device(t: &Tensor) -> Result<Option<Tensor>> {
             let out = WgpuBuffer::output(gpu, bytes)?;
             let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             let src = t.wgpu_buffer().expect("a wgpu tensor has a buffer");
-            let Some(rows) = word(groups.div_ceil(groups_x.max(1))) else {
-                return Ok(None);
-            };
             if n > 0 {
                 gpu.run(
                     entry.name,
                     kernel,
                     &[src.raw(), out.raw()],
                     &params,
-                    [groups_x as u32, rows, 1],
+                    dispatch,
                 )?;
             }
             Storage::Device(Box::new(out))

@@ -157,16 +157,14 @@ fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
         Device::Wgpu(index) => {
             let entry = crate::kernels::lookup(&key).expect("the im2col kernels are declared");
             let kernel = entry.wgsl.as_ref().expect("f32 im2col has WGSL");
-            let groups = count.div_ceil(256);
-            let groups_x = groups.min(65_535);
+            let dispatch = crate::runtime::wgpu::folded_groups("conv2d", count.div_ceil(256))?;
             let words = [count, x.offset()]
                 .into_iter()
                 .chain(sizes)
                 .chain(taps)
-                .chain([groups_x, 0])
+                .chain([dispatch[0] as usize, 0])
                 .map(|v| u32::try_from(v).map_err(|_| too_large()))
                 .collect::<Result<Vec<_>>>()?;
-            let rows = u32::try_from(groups.div_ceil(groups_x.max(1))).map_err(|_| too_large())?;
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let out = WgpuBuffer::output(gpu, bytes)?;
             let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -177,7 +175,7 @@ fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
                     kernel,
                     &[src.raw(), out.raw()],
                     &params,
-                    [groups_x as u32, rows, 1],
+                    dispatch,
                 )?;
             }
             Storage::Device(Box::new(out))
@@ -222,8 +220,7 @@ fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Resul
         Device::Wgpu(index) => {
             let entry = crate::kernels::lookup(&key).expect("the bias kernels are declared");
             let kernel = entry.wgsl.as_ref().expect("f32 bias_add has WGSL");
-            let groups = n.div_ceil(256);
-            let groups_x = groups.min(65_535);
+            let dispatch = crate::runtime::wgpu::folded_groups("conv2d", n.div_ceil(256))?;
             let too_large = || Error::ShapeMismatch {
                 op: "conv2d",
                 detail: format!("an output of {n} elements exceeds what wgpu kernels index"),
@@ -232,7 +229,7 @@ fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Resul
                 n,
                 inner,
                 channels,
-                groups_x,
+                dispatch[0] as usize,
                 out.offset(),
                 bias.offset(),
                 0,
@@ -243,17 +240,10 @@ fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Resul
             for word in words {
                 params.extend(word?.to_le_bytes());
             }
-            let rows = u32::try_from(groups.div_ceil(groups_x)).map_err(|_| too_large())?;
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let x = out.wgpu_buffer().expect("a wgpu tensor has a buffer");
             let b = bias.wgpu_buffer().expect("a wgpu tensor has a buffer");
-            gpu.run(
-                entry.name,
-                kernel,
-                &[x.raw(), b.raw()],
-                &params,
-                [groups_x as u32, rows, 1],
-            )
+            gpu.run(entry.name, kernel, &[x.raw(), b.raw()], &params, dispatch)
         }
         Device::Cpu => unreachable!("the CPU adds on the host"),
     }

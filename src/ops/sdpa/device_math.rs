@@ -93,7 +93,7 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
     let out = WgpuBuffer::output(gpu, rows * s.lk * 4)?;
     if rows > 0 && s.lk > 0 {
         let word = |x: usize| u32_arg(OP, x);
-        let groups_x = rows.min(65_535);
+        let dispatch = crate::runtime::wgpu::folded_groups(OP, rows)?;
         let mut words = [rows, s.h, s.lq, s.lk]
             .map(word)
             .into_iter()
@@ -101,7 +101,7 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
         words.push((job.scale as f32).to_bits());
         let [band, lo, hi, lower_right] = band_args(OP, job)?;
         words.push(band.cast_unsigned());
-        for x in [groups_x, offset].into_iter().chain(strides) {
+        for x in [dispatch[0] as usize, offset].into_iter().chain(strides) {
             words.push(word(x)?);
         }
         words.extend([lo, hi, lower_right].map(i32::cast_unsigned));
@@ -122,7 +122,7 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
             kernel,
             &[scores_buffer.raw(), mask_buffer, out.raw()],
             &params,
-            [word(groups_x)?, word(rows.div_ceil(groups_x))?, 1],
+            dispatch,
         )?;
     }
     Ok(Tensor::from_storage(

@@ -312,9 +312,8 @@ fn combine(device: Device, job: &Job, count: usize, partial: &Partial) -> Result
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let out = WgpuBuffer::output(gpu, n * dtype.size())?;
             let lse = WgpuBuffer::output(gpu, rows * 4)?;
-            let groups = n.div_ceil(256);
-            let groups_x = groups.min(65_535);
-            let words = [s.b, s.h, s.lq, s.dv, count, groups_x, 0, 0]
+            let dispatch = crate::runtime::wgpu::folded_groups(OP, n.div_ceil(256))?;
+            let words = [s.b, s.h, s.lq, s.dv, count, dispatch[0] as usize, 0, 0]
                 .into_iter()
                 .chain(strides)
                 .map(|x| u32_arg(OP, x))
@@ -330,7 +329,7 @@ fn combine(device: Device, job: &Job, count: usize, partial: &Partial) -> Result
                     kernel,
                     &[p.raw(), pl.raw(), out.raw(), lse.raw()],
                     &params,
-                    [groups_x as u32, u32_arg(OP, groups.div_ceil(groups_x))?, 1],
+                    dispatch,
                 )?;
             }
             (

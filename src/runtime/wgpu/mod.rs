@@ -24,6 +24,18 @@ pub(crate) use device::gpu;
 #[cfg_attr(feature = "wgpu", allow(dead_code))]
 const UNBUILT: &str = "this build has no wgpu support: build with the `wgpu` feature";
 
+/// The dispatch of `groups` workgroups in a row, folded into rows of at most 65,535 (wgpu's
+/// limit per dimension): `[groups_x, rows, 1]`, the kernels finding their index as
+/// `wg.y * groups_x + wg.x` (they take `groups_x`, the first word, as a parameter).
+pub(crate) fn folded_groups(op: &'static str, groups: usize) -> crate::Result<[u32; 3]> {
+    let groups_x = groups.clamp(1, 65_535);
+    Ok([
+        u32_arg(op, groups_x)?,
+        u32_arg(op, groups.div_ceil(groups_x))?,
+        1,
+    ])
+}
+
 /// A 32-bit kernel parameter or workgroup count (WGSL indexes in u32), or a typed error
 /// naming `op` where the value does not fit.
 pub(crate) fn u32_arg(op: &'static str, value: usize) -> crate::Result<u32> {
