@@ -49,6 +49,13 @@ pub struct Launch {
     pub shared_bytes: u32,
 }
 
+/// One element per thread, 256 threads per block: the launch of the element-wise kernels.
+const ELEMENTWISE: Launch = Launch {
+    threads: [256, 1, 1],
+    tile: [256, 1],
+    shared_bytes: 0,
+};
+
 /// The CUDA side of a variant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CudaSpec {
@@ -171,11 +178,7 @@ fn splitk_reduce(elem: Elem, partials: Elem) -> Variant {
                 ("P", partials.cuda_type().to_string()),
                 ("REDUCE_IN_P", u32::from(partials != Elem::F32).to_string()),
             ],
-            launch: Launch {
-                threads: [256, 1, 1],
-                tile: [256, 1],
-                shared_bytes: 0,
-            },
+            launch: ELEMENTWISE,
             // bf16 conversions (`cvt.rn.bf16.f32`) need sm_80.
             min_sm: if elem == Elem::Bf16 || partials == Elem::Bf16 {
                 80
@@ -193,11 +196,7 @@ fn scale(elem: Elem) -> Variant {
         name: format!("scale_{}", elem.name()),
         cuda: Some(CudaSpec {
             defines: vec![cuda_t(elem)],
-            launch: Launch {
-                threads: [256, 1, 1],
-                tile: [256, 1],
-                shared_bytes: 0,
-            },
+            launch: ELEMENTWISE,
             min_sm: 70,
         }),
         wgsl: None,
@@ -243,67 +242,47 @@ fn masked_softmax(elem: Elem, mask: MaskKind) -> Variant {
 }
 
 fn strided_copy(elem: Elem) -> Variant {
-    let word = match elem {
-        Elem::F16 | Elem::Bf16 => "unsigned short",
-        Elem::F32 => "unsigned int",
-        Elem::F64 => "unsigned long long",
-    };
-    let launch = Launch {
-        threads: [256, 1, 1],
-        tile: [256, 1],
-        shared_bytes: 0,
-    };
-    Variant {
-        key: KernelKey::StridedCopy(StridedCopyKey { elem }),
-        name: format!("strided_copy_{}", elem.name()),
-        cuda: Some(CudaSpec {
-            defines: vec![("T", word.to_string())],
-            launch,
-            min_sm: 70,
-        }),
-        // WGSL moves 32-bit words only.
-        wgsl: (elem == Elem::F32).then(|| WgslSpec {
-            decls: vec![WgslDecl::Alias("T", "u32")],
-            launch,
-            needs_f16: false,
-        }),
-    }
+    word_mover(
+        KernelKey::StridedCopy(StridedCopyKey { elem }),
+        format!("strided_copy_{}", elem.name()),
+        elem,
+    )
 }
 
 fn im2col(elem: Elem) -> Variant {
+    word_mover(
+        KernelKey::Im2col(Im2colKey { elem }),
+        format!("im2col_{}", elem.name()),
+        elem,
+    )
+}
+
+/// A kernel that moves elements as opaque words of `elem`'s size (a gather: the strided
+/// copy, im2col): one element per thread, 256 threads per block; WGSL moves 32-bit words
+/// only.
+fn word_mover(key: KernelKey, name: String, elem: Elem) -> Variant {
     let word = match elem {
         Elem::F16 | Elem::Bf16 => "unsigned short",
         Elem::F32 => "unsigned int",
         Elem::F64 => "unsigned long long",
     };
-    let launch = Launch {
-        threads: [256, 1, 1],
-        tile: [256, 1],
-        shared_bytes: 0,
-    };
     Variant {
-        key: KernelKey::Im2col(Im2colKey { elem }),
-        name: format!("im2col_{}", elem.name()),
+        key,
+        name,
         cuda: Some(CudaSpec {
             defines: vec![("T", word.to_string())],
-            launch,
+            launch: ELEMENTWISE,
             min_sm: 70,
         }),
-        // WGSL moves 32-bit words only.
         wgsl: (elem == Elem::F32).then(|| WgslSpec {
             decls: vec![WgslDecl::Alias("T", "u32")],
-            launch,
+            launch: ELEMENTWISE,
             needs_f16: false,
         }),
     }
 }
 
 fn bias_add(elem: Elem) -> Variant {
-    let launch = Launch {
-        threads: [256, 1, 1],
-        tile: [256, 1],
-        shared_bytes: 0,
-    };
     Variant {
         key: KernelKey::BiasAdd(BiasAddKey { elem }),
         name: format!("bias_add_{}", elem.name()),
@@ -312,35 +291,30 @@ fn bias_add(elem: Elem) -> Variant {
                 cuda_t(elem),
                 ("IS_F64", u32::from(elem == Elem::F64).to_string()),
             ],
-            launch,
+            launch: ELEMENTWISE,
             // bf16 conversions (`cvt.rn.bf16.f32`) need sm_80.
             min_sm: if elem == Elem::Bf16 { 80 } else { 70 },
         }),
         wgsl: (elem == Elem::F32).then(|| WgslSpec {
             decls: vec![WgslDecl::Alias("T", "f32")],
-            launch,
+            launch: ELEMENTWISE,
             needs_f16: false,
         }),
     }
 }
 
 fn attention_combine(elem: Elem) -> Variant {
-    let launch = Launch {
-        threads: [256, 1, 1],
-        tile: [256, 1],
-        shared_bytes: 0,
-    };
     Variant {
         key: KernelKey::AttentionCombine(AttentionCombineKey { elem }),
         name: format!("attention_combine_{}", elem.name()),
         cuda: Some(CudaSpec {
             defines: vec![cuda_t(elem)],
-            launch,
+            launch: ELEMENTWISE,
             min_sm: if elem == Elem::Bf16 { 80 } else { 70 },
         }),
         wgsl: wgsl_t(elem).map(|t| WgslSpec {
             decls: vec![t],
-            launch,
+            launch: ELEMENTWISE,
             needs_f16: elem == Elem::F16,
         }),
     }
