@@ -239,6 +239,12 @@ pub fn sdpa(
             .unwrap_or_else(|| default_generator(query.device()))
             .draw(count)
     });
+    // Split-KV on a GPU (a pinned kernel runs as pinned).
+    let chunks = match query.device() {
+        Device::Cpu => 1,
+        device if pin.and_then(|p| p.entry()).is_none() => split::chunks(&job, device, backend),
+        _ => 1,
+    };
     match (query.device(), backend) {
         (Device::Cpu, SdpBackend::Math) => trace::kernel(describe("math, f32 compute"), || {
             Ok(SdpaOutput {
@@ -279,11 +285,7 @@ pub fn sdpa(
                 })
             })
         }
-        (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Flash | SdpBackend::MemEfficient)
-            if pin.and_then(|p| p.entry()).is_none()
-                && split::chunks(&job, query.device(), backend) > 1 =>
-        {
-            let chunks = split::chunks(&job, query.device(), backend);
+        (Device::Wgpu(_) | Device::Cuda(_), _) if chunks > 1 => {
             let note = format!(
                 "{}, keys split into {chunks} chunks combined by their log-sum-exps (split-KV)",
                 match query.device() {
