@@ -6,6 +6,9 @@
 //! The `sdpa/selection` group measures what a variant pinned by `#[sdpa_kernel]` saves:
 //! the selection alone, and a whole tiny call, pinned vs walking the priority order.
 //!
+//! `sdpa/decode_l8192` compares a decoding step reading a caller's KV cache in place
+//! (`borrow_scope`) with the call that copies the cache into owned tensors first.
+//!
 //! `cargo bench --bench sdpa` (add `-- --quick` for a short run).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -77,6 +80,39 @@ fn bench<T: Element>(
     }
 }
 
+/// One decoding step (Lq=1, H=32, D=128, Lk=8192, f32) against a caller's KV cache: read in
+/// place through `borrow_scope`, and the copying call that builds owned tensors from the
+/// cache first (all a caller could do before borrowed tensors).
+fn zero_copy_decoding(c: &mut Criterion) {
+    let (h, lk, d) = (32, 8192, 128);
+    let fill = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    };
+    let (q, k, v) = (fill(h * d), fill(h * lk * d), fill(h * lk * d));
+    let options = SdpaOptions::default();
+    let mut group = c.benchmark_group("sdpa/decode_l8192/cpu/f32");
+    group.sample_size(20);
+    group.bench_function("borrowed", |b| {
+        backends::borrow_scope(|scope| {
+            let q = scope.borrow(&q, &[1, h, 1, d]).unwrap();
+            let k = scope.borrow(&k, &[1, h, lk, d]).unwrap();
+            let v = scope.borrow(&v, &[1, h, lk, d]).unwrap();
+            b.iter(|| sdpa(&q, &k, &v, &options).unwrap())
+        })
+    });
+    group.bench_function("copied", |b| {
+        b.iter(|| {
+            let owned = |data: &[f32], l: usize| {
+                Tensor::from_vec(data.to_vec(), &[1, h, l, d], Device::Cpu).unwrap()
+            };
+            sdpa(&owned(&q, 1), &owned(&k, lk), &owned(&v, lk), &options).unwrap()
+        })
+    });
+    group.finish();
+}
+
 /// Selection and a `[1, 1, 4, 16]` call with every backend enabled: the priority walk.
 #[backends::sdpa_kernel(flash, mem_efficient, math, cudnn, device = cuda)]
 fn walked(c: &mut Criterion, q: &Tensor) {
@@ -107,6 +143,7 @@ fn sdpa_benches(c: &mut Criterion) {
     let tiny = input::<f32>(&[1, 1, 4, 16], Device::Cpu).expect("a CPU tensor");
     walked(c, &tiny);
     pinned(c, &tiny);
+    zero_copy_decoding(c);
     let lengths = [512, 1024, 2048, 4096];
     bench::<f32>(c, Device::Cpu, SdpBackend::Flash, &lengths, &[64, 128]);
     bench::<bf16>(c, Device::Cpu, SdpBackend::Flash, &lengths[..2], &[64, 128]);

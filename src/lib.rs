@@ -55,6 +55,8 @@ pub mod ops;
 pub mod runtime;
 
 pub mod attention;
+#[cfg(feature = "candle")]
+pub mod candle;
 pub mod cpu;
 pub mod cuda;
 pub mod cudnn;
@@ -70,6 +72,7 @@ pub mod opt_einsum;
 pub mod selfcheck;
 pub mod xeon;
 
+pub use crate::core::borrow::{BorrowScope, borrow_scope};
 pub use crate::core::determinism::{
     DETERMINISTIC_ALGORITHMS, DETERMINISTIC_WARN_ONLY, are_deterministic_algorithms_enabled,
     deterministic_required, is_deterministic_algorithms_warn_only_enabled,
@@ -89,11 +92,11 @@ pub use crate::core::tensor::{Element, Tensor};
 pub use crate::core::trace::Capture as TraceCapture;
 pub use crate::core::{device, dtype, flag, generator, tensor, verbose};
 pub use crate::ops::conv::{conv1d, conv2d};
-pub use crate::ops::einsum::{einsum, einsum_path};
-pub use crate::ops::matmul::{EMULATE_REDUCED_PRECISION, linear, matmul};
+pub use crate::ops::einsum::{einsum, einsum_out, einsum_path};
+pub use crate::ops::matmul::{EMULATE_REDUCED_PRECISION, linear, matmul, matmul_out};
 pub use crate::ops::sdpa::serving::{PagedKv, Varlen, sdpa_paged, sdpa_varlen};
 pub use crate::ops::sdpa::{
-    CausalVariant, SdpaOptions, SdpaOutput, Window, scaled_dot_product_attention, sdpa,
+    CausalVariant, SdpaOptions, SdpaOutput, Window, scaled_dot_product_attention, sdpa, sdpa_out,
 };
 pub use crate::ops::{conv, einsum, fft, linalg, sdpa};
 pub use crate::runtime::threads::{MAX_THREADS, NUM_THREADS, get_num_threads, set_num_threads};

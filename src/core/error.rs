@@ -76,6 +76,15 @@ pub enum Error {
         /// What does not fit, with the shapes.
         detail: String,
     },
+    /// Caller memory borrowed by a tensor cannot be used as asked: written through a
+    /// read-only borrow, or read after its borrow ended.
+    #[error("{op}: {detail}")]
+    Borrow {
+        /// The operation.
+        op: &'static str,
+        /// What went wrong and what to do.
+        detail: String,
+    },
     /// A device could not allocate memory.
     #[error(
         "out of memory on {device}: {bytes} bytes ({why}); use smaller inputs or another device"

@@ -2,6 +2,7 @@
 //! flag machinery, the tensor, tracing and verbosity, the precision and determinism
 //! settings, and the random generators. Nothing here imports a layer above it.
 
+pub mod borrow;
 pub mod cudnn;
 pub mod determinism;
 pub mod device;

@@ -23,7 +23,7 @@ pub trait Element: Copy + Send + Sync + bytemuck::Pod + std::fmt::Debug + 'stati
     #[doc(hidden)]
     fn wrap(data: Vec<Self>) -> CpuData;
     #[doc(hidden)]
-    fn unwrap(data: &CpuData) -> Option<&[Self]>;
+    fn unwrap_vec(data: CpuData) -> Option<Vec<Self>>;
 }
 
 macro_rules! element {
@@ -45,7 +45,7 @@ macro_rules! element {
             fn wrap(data: Vec<Self>) -> CpuData {
                 CpuData::$variant(data)
             }
-            fn unwrap(data: &CpuData) -> Option<&[Self]> {
+            fn unwrap_vec(data: CpuData) -> Option<Vec<Self>> {
                 match data {
                     CpuData::$variant(v) => Some(v),
                     _ => None,
@@ -105,10 +105,11 @@ pub(crate) trait DeviceMemory: std::fmt::Debug + Send + Sync + 'static {
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
-/// Where a tensor's elements are: host memory, typed, or a runtime's device memory.
+/// Where a tensor's elements are: host memory (owned or borrowed) or a runtime's device
+/// memory.
 #[derive(Debug)]
 pub(crate) enum Storage {
-    Cpu(CpuData),
+    Host(HostMemory),
     Device(Box<dyn DeviceMemory>),
 }
 
@@ -116,9 +117,241 @@ impl Storage {
     /// The bytes of device memory, copied to the host (`None` for host memory).
     fn download(&self) -> Result<Option<Vec<u8>>> {
         Ok(match self {
-            Storage::Cpu(_) => None,
+            Storage::Host(_) => None,
             Storage::Device(memory) => Some(memory.download()?),
         })
+    }
+}
+
+/// Host memory behind a lock: kernels read it under a shared (recursive) lock, `copy_` and
+/// the `*_out` forms write it under the exclusive one, and the end of a borrow (see
+/// [`crate::core::borrow`]) takes the exclusive lock to cut the memory off, so a view that
+/// outlives its borrow reads nothing (a typed error) rather than freed memory.
+#[derive(Debug)]
+pub(crate) struct HostMemory {
+    dtype: DType,
+    state: parking_lot::RwLock<Host>,
+}
+
+/// What host memory holds.
+#[derive(Debug)]
+pub(crate) enum Host {
+    /// A buffer this library owns.
+    Owned(CpuData),
+    /// Caller memory of `len` elements of the storage's dtype, lent for a borrow's lifetime
+    /// (writable where it came from a `&mut` slice).
+    Borrowed {
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+        writable: bool,
+    },
+    /// Borrowed memory whose borrow has ended.
+    Ended,
+}
+
+// SAFETY: the borrowed pointer comes from a `&[T]` or `&mut [T]` of an `Element` (`Send +
+// Sync`) that stays borrowed until the state becomes `Ended`; every access goes through the
+// lock (shared for reads, exclusive for writes), so threads never race on the elements.
+unsafe impl Send for Host {}
+// SAFETY: as for `Send`: shared access only reads, under the lock.
+unsafe impl Sync for Host {}
+
+impl CpuData {
+    /// The elements' bytes: start and length.
+    fn raw(&self) -> (*const u8, usize) {
+        fn raw<T>(v: &[T]) -> (*const u8, usize) {
+            (v.as_ptr().cast(), std::mem::size_of_val(v))
+        }
+        match self {
+            CpuData::F32(v) => raw(v),
+            CpuData::F64(v) => raw(v),
+            CpuData::F16(v) => raw(v),
+            CpuData::Bf16(v) => raw(v),
+            CpuData::Bool(v) => raw(v),
+            CpuData::I32(v) => raw(v),
+        }
+    }
+}
+
+impl HostMemory {
+    /// Owned memory holding `data`.
+    pub(crate) fn owned(data: CpuData) -> HostMemory {
+        let dtype = match &data {
+            CpuData::F32(_) => DType::F32,
+            CpuData::F64(_) => DType::F64,
+            CpuData::F16(_) => DType::F16,
+            CpuData::Bf16(_) => DType::Bf16,
+            CpuData::Bool(_) => DType::Bool,
+            CpuData::I32(_) => DType::I32,
+        };
+        HostMemory {
+            dtype,
+            state: parking_lot::RwLock::new(Host::Owned(data)),
+        }
+    }
+
+    /// Caller memory: `len` elements of `dtype` at `ptr` (see [`Host::Borrowed`]).
+    pub(crate) fn borrowed(
+        dtype: DType,
+        ptr: std::ptr::NonNull<u8>,
+        len: usize,
+        writable: bool,
+    ) -> HostMemory {
+        HostMemory {
+            dtype,
+            state: parking_lot::RwLock::new(Host::Borrowed { ptr, len, writable }),
+        }
+    }
+
+    /// The address of the buffer's first element (`None` once a borrow has ended).
+    fn address(&self) -> Option<usize> {
+        match &*self.state.read_recursive() {
+            Host::Owned(data) => Some(data.raw().0 as usize),
+            Host::Borrowed { ptr, .. } => Some(ptr.as_ptr() as usize),
+            Host::Ended => None,
+        }
+    }
+
+    /// Ends a borrow: waits for the kernels reading or writing the memory, then cuts it off.
+    pub(crate) fn end_borrow(&self) {
+        *self.state.write() = Host::Ended;
+    }
+
+    /// The whole buffer as `T` (of the storage's element size), read-locked; an error where
+    /// its borrow has ended.
+    fn read<T: bytemuck::Pod>(&self, op: &'static str) -> Result<HostRead<'_, T>> {
+        debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size());
+        // Recursive: a kernel may hold q's lock while it takes k's on the same storage,
+        // and a waiting writer must not block that second read.
+        let guard = self.state.read_recursive();
+        let (ptr, bytes) = match &*guard {
+            Host::Owned(data) => data.raw(),
+            Host::Borrowed { ptr, len, .. } => (ptr.as_ptr().cast_const(), len * self.dtype.size()),
+            Host::Ended => return Err(borrow_ended(op)),
+        };
+        Ok(HostRead {
+            _guard: guard,
+            ptr: ptr.cast(),
+            len: bytes / std::mem::size_of::<T>(),
+        })
+    }
+
+    /// The whole buffer as `T`, write-locked: an error where the memory is read-only caller
+    /// memory or its borrow has ended.
+    fn write<T: bytemuck::Pod>(&self, op: &'static str) -> Result<HostWrite<'_, T>> {
+        debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size());
+        let mut guard = self.state.write();
+        let (ptr, bytes) = match &mut *guard {
+            Host::Owned(data) => {
+                let (ptr, bytes) = data.raw();
+                (ptr.cast_mut(), bytes)
+            }
+            Host::Borrowed {
+                ptr,
+                len,
+                writable: true,
+            } => (ptr.as_ptr(), *len * self.dtype.size()),
+            Host::Borrowed { .. } => {
+                return Err(Error::Borrow {
+                    op,
+                    detail: "the tensor to write borrows read-only memory (a `&[T]`); borrow \
+                             it with Tensor::borrowed_mut to write into it"
+                        .into(),
+                });
+            }
+            Host::Ended => return Err(borrow_ended(op)),
+        };
+        Ok(HostWrite {
+            _guard: guard,
+            ptr: ptr.cast(),
+            len: bytes / std::mem::size_of::<T>(),
+        })
+    }
+}
+
+fn borrow_ended(op: &'static str) -> Error {
+    Error::Borrow {
+        op,
+        detail: "the caller memory this tensor viewed was given back (its borrowed handle was \
+                 dropped); keep the handle alive while its views are used, or copy with \
+                 Tensor::contiguous before it ends"
+            .into(),
+    }
+}
+
+/// Host elements under a read lock (derefs to the slice).
+pub(crate) struct HostRead<'a, T> {
+    _guard: parking_lot::RwLockReadGuard<'a, Host>,
+    ptr: *const T,
+    len: usize,
+}
+
+// SAFETY: a shared `HostRead` only hands out `&[T]`, which is `Sync` where `T` is; the
+// guard it holds is `Sync` too.
+unsafe impl<T: Sync> Sync for HostRead<'_, T> {}
+
+impl<T> HostRead<'_, T> {
+    /// The elements of `range` only (the lock stays held).
+    pub(crate) fn narrowed(mut self, range: std::ops::Range<usize>) -> Self {
+        assert!(range.start <= range.end && range.end <= self.len);
+        // SAFETY: the range lies inside the buffer (asserted).
+        self.ptr = unsafe { self.ptr.add(range.start) };
+        self.len = range.len();
+        self
+    }
+}
+
+impl<T> std::ops::Deref for HostRead<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: `ptr` and `len` describe initialised elements of the buffer the guard keeps
+        // alive and unwritten (writers need the exclusive lock).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// A tensor's elements in row-major order on the host: its own memory, read-locked, where
+/// that is laid out so, else a copy (derefs to the slice either way).
+pub(crate) enum HostValues<'a, T> {
+    /// The tensor's memory.
+    Lent(HostRead<'a, T>),
+    /// A row-major copy.
+    Copied(Vec<T>),
+}
+
+impl<T> std::ops::Deref for HostValues<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            HostValues::Lent(values) => values,
+            HostValues::Copied(values) => values,
+        }
+    }
+}
+
+/// Host elements under the write lock (derefs to the mutable slice).
+pub(crate) struct HostWrite<'a, T> {
+    _guard: parking_lot::RwLockWriteGuard<'a, Host>,
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> std::ops::Deref for HostWrite<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: as for `HostRead`; the exclusive guard is held.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: a shared `HostWrite` only hands out `&[T]` (writing needs `&mut`).
+unsafe impl<T: Sync> Sync for HostWrite<'_, T> {}
+
+impl<T> std::ops::DerefMut for HostWrite<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: the exclusive guard makes this the only access to the elements, which are
+        // writable (owned, or lent by a `&mut` slice).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 
@@ -289,8 +522,8 @@ impl Tensor {
         }
         let bytes = match (&*self.storage, self.storage.download()?) {
             (_, Some(device_bytes)) => self.gather(&device_bytes)?,
-            (Storage::Cpu(CpuData::Bool(bytes)), None) => self.gather(bytes)?,
-            _ => unreachable!("a Bool tensor holds bytes"),
+            (Storage::Host(memory), None) => self.gather(&memory.read::<u8>("to_bools")?)?,
+            (Storage::Device(_), None) => unreachable!("device memory downloads"),
         };
         Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
@@ -323,6 +556,15 @@ impl Tensor {
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// The address of this view's first element in host memory, as PyTorch's `data_ptr()`:
+    /// views of one buffer differ by their offsets, and a tensor over caller memory (see
+    /// [`crate::borrow_scope`]) gives the caller's address. `None` on a device, and once a
+    /// borrow has ended.
+    pub fn data_ptr(&self) -> Option<usize> {
+        let base = self.host_memory()?.address()?;
+        Some(base + self.offset * self.dtype.size())
     }
 
     /// Whether the elements are laid out row-major without gaps (the strides of size-1
@@ -393,18 +635,61 @@ impl Tensor {
             });
         }
         match self.storage.download()? {
-            None => {
-                let data = self
-                    .cpu_data::<T>()
-                    .expect("storage matches the tensor's dtype");
-                self.gather(data)
-            }
+            None => self.gather(&self.host::<T>("to_vec")?),
             Some(bytes) => {
                 // Device buffers may be padded past the elements: read whole elements only.
                 let whole = bytes.len() / std::mem::size_of::<T>() * std::mem::size_of::<T>();
                 let data: Vec<T> = bytemuck::pod_collect_to_vec(&bytes[..whole]);
                 self.gather(&data)
             }
+        }
+    }
+
+    /// The elements in row-major order, moved out without a copy where this is the only
+    /// handle to a contiguous buffer the library owns on the CPU (starting at the view's
+    /// first element), else copied as [`Tensor::to_vec`] does.
+    pub fn into_vec<T: Element>(self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype || self.offset != 0 || !self.is_contiguous() {
+            return self.to_vec();
+        }
+        let numel = self.numel();
+        let Tensor {
+            storage,
+            dtype,
+            device,
+            shape,
+            strides,
+            offset,
+        } = self;
+        match Arc::try_unwrap(storage) {
+            Ok(Storage::Host(memory)) => match memory.state.into_inner() {
+                Host::Owned(data) => {
+                    let mut values = T::unwrap_vec(data).expect("the buffer holds the dtype");
+                    values.truncate(numel);
+                    Ok(values)
+                }
+                // A borrow still running is also held by its scope, so the storage was not
+                // this handle's alone: only an ended one gets here.
+                Host::Borrowed { .. } | Host::Ended => Err(borrow_ended("into_vec")),
+            },
+            Ok(device_storage) => Tensor {
+                storage: Arc::new(device_storage),
+                dtype,
+                device,
+                shape,
+                strides,
+                offset,
+            }
+            .to_vec(),
+            Err(storage) => Tensor {
+                storage,
+                dtype,
+                device,
+                shape,
+                strides,
+                offset,
+            }
+            .to_vec(),
         }
     }
 
@@ -473,19 +758,48 @@ impl Tensor {
             return Ok(out);
         }
         let mut out = host_zeros::<T>("copy", numel)?;
-        let (shape, strides) = coalesced(&self.shape, &self.strides);
-        let (run, step) = (shape[shape.len() - 1], strides[strides.len() - 1]);
-        let outer = &shape[..shape.len() - 1];
-        let mut index = vec![0usize; outer.len()];
-        let mut at = self.offset;
-        for row in out.chunks_exact_mut(run) {
+        self.each_run(out.len(), |row, at, step| {
+            let row = &mut out[row];
             if step == 1 {
-                row.copy_from_slice(&data[at..at + run]);
+                row.copy_from_slice(&data[at..at + row.len()]);
             } else {
                 for (i, x) in row.iter_mut().enumerate() {
                     *x = data[at + i * step];
                 }
             }
+        });
+        Ok(out)
+    }
+
+    /// Writes `values` (the view's elements in row-major order) into a buffer at the view's
+    /// places: [`Tensor::gather`] backwards.
+    pub(crate) fn scatter<T: bytemuck::Pod>(&self, data: &mut [T], values: &[T]) {
+        self.each_run(values.len(), |row, at, step| {
+            let row = &values[row];
+            if step == 1 {
+                data[at..at + row.len()].copy_from_slice(row);
+            } else {
+                for (i, &x) in row.iter().enumerate() {
+                    data[at + i * step] = x;
+                }
+            }
+        });
+    }
+
+    /// Walks the view's `numel` elements as runs along its innermost (merged) dimension:
+    /// `visit(rows, at, step)` for the run holding row-major positions `rows`, whose first
+    /// element is at buffer index `at` and the next ones `step` apart.
+    fn each_run(&self, numel: usize, mut visit: impl FnMut(std::ops::Range<usize>, usize, usize)) {
+        if numel == 0 {
+            return;
+        }
+        let (shape, strides) = coalesced(&self.shape, &self.strides);
+        let (run, step) = (shape[shape.len() - 1], strides[strides.len() - 1]);
+        let outer = &shape[..shape.len() - 1];
+        let mut index = vec![0usize; outer.len()];
+        let mut at = self.offset;
+        for start in (0..numel).step_by(run) {
+            visit(start..start + run, at, step);
             for d in (0..outer.len()).rev() {
                 index[d] += 1;
                 at += strides[d];
@@ -496,23 +810,28 @@ impl Tensor {
                 index[d] = 0;
             }
         }
-        Ok(out)
     }
 
     /// The elements in row-major order, without a copy, where the tensor is a contiguous
-    /// CPU tensor of type `T`.
-    pub(crate) fn contiguous_host<T: Element>(&self) -> Option<&[T]> {
+    /// CPU tensor of type `T` whose memory is readable (`None` otherwise: copy with
+    /// [`Tensor::to_vec`], which gives the error where there is one).
+    pub(crate) fn contiguous_host<T: Element>(&self) -> Option<HostRead<'_, T>> {
         if T::DTYPE != self.dtype || !self.is_contiguous() {
             return None;
         }
+        let data = self.host::<T>("read").ok()?;
         // An empty view's offset may lie past the data (a narrow at the end of a dimension).
         let numel = self.numel();
-        self.cpu_data::<T>().map(|data| {
-            if numel == 0 {
-                &data[..0]
-            } else {
-                &data[self.offset..self.offset + numel]
-            }
+        let start = if numel == 0 { 0 } else { self.offset };
+        Some(data.narrowed(start..start + numel))
+    }
+
+    /// The elements in row-major order on the host: the tensor's own memory where it is a
+    /// contiguous CPU tensor of type `T`, else a copy.
+    pub(crate) fn elements<T: Element>(&self) -> Result<HostValues<'_, T>> {
+        Ok(match self.contiguous_host::<T>() {
+            Some(values) => HostValues::Lent(values),
+            None => HostValues::Copied(self.to_vec::<T>()?),
         })
     }
 
@@ -520,16 +839,46 @@ impl Tensor {
     pub(crate) fn device_memory<B: 'static>(&self) -> Option<&B> {
         match &*self.storage {
             Storage::Device(memory) => memory.as_any().downcast_ref::<B>(),
-            Storage::Cpu(_) => None,
+            Storage::Host(_) => None,
         }
     }
 
-    /// The host data of a CPU tensor of element type `T` (the whole buffer: index it
-    /// through the view's offset and strides).
-    pub(crate) fn cpu_data<T: Element>(&self) -> Option<&[T]> {
+    /// The host data of a CPU tensor of element type `T`, read-locked (the whole buffer:
+    /// index it through the view's offset and strides); an error for a device tensor, another
+    /// dtype, or a borrow that has ended.
+    pub(crate) fn host<T: Element>(&self, op: &'static str) -> Result<HostRead<'_, T>> {
         match &*self.storage {
-            Storage::Cpu(data) => T::unwrap(data),
-            _ => None,
+            Storage::Host(memory) if T::DTYPE == self.dtype => memory.read(op),
+            _ => Err(Error::DTypeMismatch {
+                op,
+                expected: self.dtype,
+                got: T::DTYPE,
+            }),
+        }
+    }
+
+    /// Writes `values` (row-major) into this CPU tensor's places under the write lock
+    /// (`T` of the dtype's size: `u8` for booleans).
+    pub(crate) fn write_host<T: bytemuck::Pod>(
+        &self,
+        op: &'static str,
+        values: &[T],
+    ) -> Result<()> {
+        let memory = self.host_memory().ok_or(Error::DeviceMismatch {
+            op,
+            a: Device::Cpu,
+            b: self.device,
+        })?;
+        let mut data = memory.write::<T>(op)?;
+        self.scatter(&mut data, values);
+        Ok(())
+    }
+
+    /// The host memory behind a CPU tensor (`None` on a device).
+    pub(crate) fn host_memory(&self) -> Option<&HostMemory> {
+        match &*self.storage {
+            Storage::Host(memory) => Some(memory),
+            Storage::Device(_) => None,
         }
     }
 }

@@ -67,6 +67,123 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// Writes `src`'s elements into this tensor's places, as PyTorch's `copy_`: every view
+    /// of this storage sees them. `src` may live on any device and broadcasts to this
+    /// tensor's shape; the dtypes must match. This tensor must be a CPU tensor whose memory
+    /// may be written (one the library made, or a [`crate::BorrowScope::borrow_mut`] over
+    /// caller memory) and whose elements do not overlap (no expanded dimension). `src` may
+    /// overlap this tensor: it is read in full before the write.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        const OP: &str = "copy_";
+        if self.device() != Device::Cpu {
+            return Err(Error::Unavailable {
+                what: "copy_ into a device tensor",
+                why: format!(
+                    "only CPU tensors are written in place, not this {} one; use the result on \
+                     the device, or copy it to the host with Tensor::to_device",
+                    self.device()
+                ),
+            });
+        }
+        if src.dtype() != self.dtype() {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: self.dtype(),
+                got: src.dtype(),
+            });
+        }
+        if self
+            .shape()
+            .iter()
+            .zip(self.strides())
+            .any(|(&n, &s)| n > 1 && s == 0)
+        {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                detail: format!(
+                    "the destination (shape {:?}, strides {:?}) repeats elements (an expanded \
+                     dimension); write into a tensor whose elements are distinct",
+                    self.shape(),
+                    self.strides()
+                ),
+            });
+        }
+        let src = if src.shape() == self.shape() {
+            src.clone()
+        } else {
+            src.expand(self.shape()).map_err(|_| Error::ShapeMismatch {
+                op: OP,
+                detail: format!(
+                    "a source of shape {:?} does not broadcast to the destination's {:?}",
+                    src.shape(),
+                    self.shape()
+                ),
+            })?
+        };
+        let describe = || Call {
+            kernel: "copy_".into(),
+            backend: "cpu".into(),
+            dtype: self.dtype(),
+            shapes: format!("{:?} from {}", self.shape(), src.device()),
+            precision: "in place".into(),
+        };
+        trace::kernel(describe, || match self.dtype() {
+            DType::F32 => self.write_host(OP, &src.to_vec::<f32>()?),
+            DType::F64 => self.write_host(OP, &src.to_vec::<f64>()?),
+            DType::F16 => self.write_host(OP, &src.to_vec::<half::f16>()?),
+            DType::Bf16 => self.write_host(OP, &src.to_vec::<half::bf16>()?),
+            DType::I32 => self.write_host(OP, &src.to_vec::<i32>()?),
+            DType::Bool => {
+                let bytes: Vec<u8> = src.to_bools()?.into_iter().map(u8::from).collect();
+                self.write_host(OP, &bytes)
+            }
+        })
+    }
+}
+
+/// Writes `result` into `out`, the destination of an `*_out` form of `op`: `out` must have
+/// the result's shape, dtype and device (PyTorch resizes a wrong-sized `out`; here it is an
+/// error, so that no caller memory is ever replaced).
+pub(crate) fn write_out(op: &'static str, result: &Tensor, out: &Tensor) -> Result<()> {
+    check_out(op, result.shape(), result.dtype(), result.device(), out)?;
+    out.copy_(result)
+}
+
+/// Checks that `out` can hold `op`'s result of `shape`, `dtype` on `device`.
+pub(crate) fn check_out(
+    op: &'static str,
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+    out: &Tensor,
+) -> Result<()> {
+    if out.dtype() != dtype {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: dtype,
+            got: out.dtype(),
+        });
+    }
+    if out.device() != device {
+        return Err(Error::DeviceMismatch {
+            op,
+            a: device,
+            b: out.device(),
+        });
+    }
+    if out.shape() != shape {
+        return Err(Error::ShapeMismatch {
+            op,
+            detail: format!(
+                "out has shape {:?}; the result has shape {shape:?}: pass an out of that shape",
+                out.shape()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The element type whose size the kernels copy for `dtype`, if they copy it.
 fn word(dtype: DType) -> Option<Elem> {
     match dtype {

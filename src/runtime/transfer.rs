@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 
 use crate::core::tensor::{
-    CpuData, DeviceMemory, Element, Storage, checked_numel, host_filled, host_zeros,
+    CpuData, DeviceMemory, Element, HostMemory, Storage, checked_numel, host_filled, host_zeros,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -17,7 +17,7 @@ fn upload(
     host: impl FnOnce() -> CpuData,
 ) -> Result<Storage> {
     let memory: Box<dyn DeviceMemory> = match device {
-        Device::Cpu => return Ok(Storage::Cpu(host())),
+        Device::Cpu => return Ok(Storage::Host(HostMemory::owned(host()))),
         Device::Wgpu(index) => Box::new(crate::runtime::wgpu::WgpuBuffer::upload(
             index, dtype, bytes,
         )?),

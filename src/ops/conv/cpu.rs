@@ -1,8 +1,6 @@
 //! The CPU convolution: each group of each image becomes one GEMM of the weight `[O/g, C/g ·
 //! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`.
 
-use std::borrow::Cow;
-
 use half::{bf16, f16};
 
 use super::Geometry;
@@ -52,7 +50,7 @@ fn run<T: Element>(
         let product = matmul(&w.view(&[o, kg])?, &x)?;
         product.to_vec::<T>()?
     } else {
-        let x = elements::<T>(input)?;
+        let x = input.elements::<T>()?;
         let mut out = host_zeros::<T>("conv2d", n * o * p)?;
         let per_image = g.groups * kg * p;
         let chunk = (UNFOLD_CHUNK / per_image.max(1)).clamp(1, n.max(1));
@@ -73,10 +71,7 @@ fn run<T: Element>(
                 }
                 Tensor::from_vec(images.concat(), &[count, o, p], Device::Cpu)?
             };
-            match product.contiguous_host::<T>() {
-                Some(values) => results.copy_from_slice(values),
-                None => results.copy_from_slice(&product.to_vec::<T>()?),
-            }
+            results.copy_from_slice(&product.elements::<T>()?);
         }
         out
     };
@@ -99,7 +94,7 @@ fn depthwise<T: Element, A>(
 where
     A: Copy + Default + Send + Sync + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
 {
-    let x = elements::<T>(input)?;
+    let x = input.elements::<T>()?;
     let weights: Vec<A> = weight.to_vec::<T>()?.into_iter().map(widen).collect();
     let (o, p) = (g.out_channels, g.pixels());
     let mut out = host_zeros::<T>("conv2d", g.batch * o * p)?;
@@ -192,14 +187,6 @@ fn add_bias<T: Element>(out: &mut [T], bias: &[T], pixels: usize) {
             }
         }
     });
-}
-
-/// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
-fn elements<T: Element>(t: &Tensor) -> Result<Cow<'_, [T]>> {
-    match t.contiguous_host::<T>() {
-        Some(data) => Ok(Cow::Borrowed(data)),
-        None => Ok(Cow::Owned(t.to_vec::<T>()?)),
-    }
 }
 
 /// The output columns `x < outputs` whose input column `x · stride + shift` lies in

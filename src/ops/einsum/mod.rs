@@ -423,6 +423,12 @@ fn lendable_batch(
     (!outer.is_empty() && grouped(&outer, &rest).is_some()).then_some((outer, rest))
 }
 
+/// [`einsum`] written into `out`, a CPU tensor of the result's shape and dtype (such as a
+/// [`crate::BorrowScope::borrow_mut`] over caller memory).
+pub fn einsum_out(equation: &str, operands: &[&Tensor], out: &Tensor) -> Result<()> {
+    crate::ops::copy::write_out("einsum_out", &einsum(equation, operands)?, out)
+}
+
 /// `torch.einsum(equation, *operands)`: see the module docs for the equation syntax. The
 /// operands share one dtype (a float type) and one device; the result has them too.
 pub fn einsum(equation: &str, operands: &[&Tensor]) -> Result<Tensor> {

@@ -545,6 +545,30 @@ pub fn ifft2(x: &Tensor) -> Result<Tensor> {
     ifft2_with(x, &FftArgs::default())
 }
 
+/// The `out=` forms of the transforms with PyTorch's arguments: each computes its transform
+/// and writes it into `out`, a CPU tensor of the result's shape and dtype (such as a
+/// [`crate::BorrowScope::borrow_mut`] over caller memory).
+macro_rules! out_forms {
+    ($($name:ident = $transform:ident, $torch:literal;)*) => {$(
+        #[doc = concat!("[`", stringify!($transform), "`] written into `out` (PyTorch's `",
+            $torch, "(..., out=out)`).")]
+        pub fn $name(x: &Tensor, args: &FftArgs, out: &Tensor) -> Result<()> {
+            crate::ops::copy::write_out($torch, &$transform(x, args)?, out)
+        }
+    )*};
+}
+
+out_forms! {
+    fft_out = fft_with, "fft.fft";
+    ifft_out = ifft_with, "fft.ifft";
+    fft2_out = fft2_with, "fft.fft2";
+    ifft2_out = ifft2_with, "fft.ifft2";
+    fftn_out = fftn, "fft.fftn";
+    ifftn_out = ifftn, "fft.ifftn";
+    rfft_out = rfft_with, "fft.rfft";
+    irfft_out = irfft_with, "fft.irfft";
+}
+
 /// PyTorch's `fft(x, n, dim, norm)`: the DFT along one dimension (the last by default).
 pub fn fft_with(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
     one_dim("fft", args)?;

@@ -18,7 +18,6 @@
 
 mod cpu;
 
-use std::borrow::Cow;
 use std::sync::Mutex;
 
 use cpu::Real;
@@ -160,14 +159,6 @@ impl Batch {
     /// `dims` followed by `tail`.
     fn shape(&self, tail: &[usize]) -> Vec<usize> {
         self.dims.iter().chain(tail).copied().collect()
-    }
-}
-
-/// The elements of `t` in row-major order: borrowed where it is contiguous on the CPU.
-fn elements<T: Real>(t: &Tensor) -> Result<Cow<'_, [T]>> {
-    match t.contiguous_host::<T>() {
-        Some(data) => Ok(Cow::Borrowed(data)),
-        None => Ok(Cow::Owned(t.to_vec::<T>()?)),
     }
 }
 
@@ -338,7 +329,7 @@ pub fn inv(a: &Tensor) -> Result<Tensor> {
     let n = batch.rows;
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
                 let i = item.index;
                 cpu::inv(&data[i * n * n..][..n * n], n, item.outs[0])
@@ -357,7 +348,7 @@ pub fn cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
     let n = batch.rows;
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
                 let i = item.index;
                 cpu::cholesky(&data[i * n * n..][..n * n], n, upper, item.outs[0])
@@ -375,7 +366,7 @@ pub fn cholesky_inverse(factor: &Tensor, upper: bool) -> Result<Tensor> {
     let n = batch.rows;
     traced(OP, factor.dtype(), &[factor], || {
         by_dtype!(factor.dtype(), T => {
-            let data = elements::<T>(factor)?;
+            let data = factor.elements::<T>()?;
             let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
                 let i = item.index;
                 cpu::cholesky_inverse(&data[i * n * n..][..n * n], n, upper, item.outs[0])
@@ -457,7 +448,7 @@ pub fn cholesky_solve(b: &Tensor, factor: &Tensor, upper: bool) -> Result<Tensor
     let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
     traced(OP, b.dtype(), &[b, factor], || {
         by_dtype!(b.dtype(), T => {
-            let (rhs, l) = (elements::<T>(b)?, elements::<T>(factor)?);
+            let (rhs, l) = (b.elements::<T>()?, factor.elements::<T>()?);
             let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
                 let [ib, il] = pairs[item.index];
                 cpu::cholesky_solve(&rhs[ib * n * k..][..n * k], &l[il * n * n..][..n * n], n, k, upper, item.outs[0]);
@@ -477,7 +468,7 @@ pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
     let k = m.min(n);
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (mut outs, pivots) = batched::<T>(OP, batch.count, &[m * n], k, |item| {
                 let i = item.index;
                 let Item { outs, pivots, .. } = item;
@@ -499,7 +490,7 @@ pub fn lu(a: &Tensor) -> Result<Lu> {
     let k = m.min(n);
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (outs, _) = batched::<T>(OP, batch.count, &[m * m, m * k, k * n], 0, |item| {
                 let i = item.index;
                 let [p, l, u] = &mut item.outs[..] else { unreachable!("three outputs") };
@@ -555,7 +546,7 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
     let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
     traced(OP, b.dtype(), &[&factors.lu, b], || {
         by_dtype!(b.dtype(), T => {
-            let (rhs, packed) = (elements::<T>(b)?, elements::<T>(&factors.lu)?);
+            let (rhs, packed) = (b.elements::<T>()?, &factors.lu.elements::<T>()?);
             let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
                 let [ib, ia] = pairs[item.index];
                 cpu::lu_solve(
@@ -583,7 +574,7 @@ pub fn qr(a: &Tensor, mode: QrMode) -> Result<Qr> {
     let q_size = if mode == QrMode::R { 0 } else { m * q_cols };
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (outs, _) = batched::<T>(OP, batch.count, &[q_size, r_rows * n], 0, |item| {
                 let i = item.index;
                 let [q, r] = &mut item.outs[..] else { unreachable!("two outputs") };
@@ -627,7 +618,7 @@ fn eigen(
     let vector_size = if vectors { n * n } else { 0 };
     traced(op, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let (outs, _) = batched::<T>(op, batch.count, &[n, vector_size], 0, |item| {
                 let i = item.index;
                 let [w, v] = &mut item.outs[..] else { unreachable!("two outputs") };
@@ -669,7 +660,7 @@ fn singular(
     };
     traced(op, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
-            let data = elements::<T>(a)?;
+            let data = a.elements::<T>()?;
             let sizes = [k, m * u_cols, v_rows * n];
             let (outs, _) = batched::<T>(op, batch.count, &sizes, 0, |item| {
                 let i = item.index;

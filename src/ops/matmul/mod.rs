@@ -215,6 +215,13 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     out.view(&shape)
 }
 
+/// [`matmul`] written into `out`, as `torch.matmul(a, b, out=out)`: `out` is a CPU tensor
+/// of the result's shape and dtype (PyTorch's resizing of a wrong-sized `out` is an error
+/// here), such as a [`crate::BorrowScope::borrow_mut`] over caller memory.
+pub fn matmul_out(a: &Tensor, b: &Tensor, out: &Tensor) -> Result<()> {
+    crate::ops::copy::write_out("matmul_out", &matmul(a, b)?, out)
+}
+
 /// `a x b` with more than three dimensions on either side: the batch dimensions broadcast,
 /// then one batched product over them flattened.
 fn broadcast_product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -370,8 +377,8 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem, bias: Option<&Tensor>) -> Result<Ten
                 let mut out = host_zeros::<f64>("matmul", p.outputs())?;
                 each_batch(
                     p,
-                    a.cpu_data::<f64>(),
-                    b.cpu_data::<f64>(),
+                    &a.host::<f64>("matmul")?,
+                    &b.host::<f64>("matmul")?,
                     &mut out,
                     threads,
                     |va, vb, c, threads| gemm::gemm_f64(c, p.m, p.n, p.k, va, vb, threads),
@@ -439,8 +446,8 @@ fn run_cpu<T: Element>(
         let mut out = host_zeros::<f32>("matmul", p.outputs())?;
         each_batch(
             p,
-            a.cpu_data::<T>(),
-            b.cpu_data::<T>(),
+            &a.host::<T>("matmul")?,
+            &b.host::<T>("matmul")?,
             &mut out,
             threads,
             |va, vb, c, threads| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
@@ -487,16 +494,12 @@ const BATCH_SPLIT_WORK: usize = 1 << 26;
 /// threads run whole on one thread each, the others one after another on every thread.
 fn each_batch<T: Element, O: Send>(
     p: &Problem,
-    a: Option<&[T]>,
-    b: Option<&[T]>,
+    a: &[T],
+    b: &[T],
     out: &mut [O],
     threads: usize,
     product: impl Fn(MatView<T>, MatView<T>, &mut [O], usize) + Sync,
 ) {
-    let (a, b) = (
-        a.expect("a CPU tensor has host data"),
-        b.expect("a CPU tensor has host data"),
-    );
     let run = |i: usize, c: &mut [O], threads: usize| {
         let va = MatView {
             data: a,

@@ -1,13 +1,11 @@
 //! The fused path on the CPU: threads over batch x heads x query blocks, each running the
 //! kernels of [`crate::kernels::attention`] on its block; f64 inputs row by row in f64.
 
-use std::borrow::Cow;
-
 use half::{bf16, f16};
 
 use super::math::Bias;
 use super::{Job, OP_CPU, Sequences, host_f64};
-use crate::core::tensor::{Tensor, host_zeros};
+use crate::core::tensor::{HostValues, Tensor, host_zeros};
 use crate::kernels::attention::f64::{RowKeys, attend_row_f64};
 use crate::kernels::attention::{
     BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, Shape, key_span, transpose_keys,
@@ -17,11 +15,11 @@ use crate::{DType, Device, Error, Result};
 
 /// The values of a float tensor as f32, row-major: borrowed from a contiguous f32 tensor,
 /// else converted.
-pub(crate) fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+pub(crate) fn host_f32(t: &Tensor) -> Result<HostValues<'_, f32>> {
     if let Some(values) = t.contiguous_host::<f32>() {
-        return Ok(Cow::Borrowed(values));
+        return Ok(HostValues::Lent(values));
     }
-    Ok(Cow::Owned(match t.dtype() {
+    Ok(HostValues::Copied(match t.dtype() {
         DType::F32 => t.to_vec::<f32>()?,
         DType::Bf16 => t.to_vec::<bf16>()?.into_iter().map(f32::from).collect(),
         DType::F16 => t.to_vec::<f16>()?.into_iter().map(f32::from).collect(),
@@ -33,7 +31,7 @@ pub(crate) fn host_f32(t: &Tensor) -> Result<Cow<'_, [f32]>> {
 /// contiguous f32 mask, else one row-major copy; a boolean mask as 0 and -inf) and its
 /// broadcast strides over `[B, H, Lq, Lk]`.
 pub(crate) struct Mask<'a> {
-    values: Cow<'a, [f32]>,
+    values: HostValues<'a, f32>,
     strides: [usize; 4],
 }
 
@@ -41,7 +39,7 @@ impl<'a> Mask<'a> {
     fn of(mask: &'a Tensor) -> Result<Mask<'a>> {
         let values = if mask.dtype() == DType::Bool {
             let hidden = |keep: bool| if keep { 0.0 } else { f32::NEG_INFINITY };
-            Cow::Owned(mask.to_bools()?.into_iter().map(hidden).collect())
+            HostValues::Copied(mask.to_bools()?.into_iter().map(hidden).collect())
         } else {
             host_f32(mask)?
         };
@@ -68,22 +66,16 @@ impl<'a> Mask<'a> {
 /// row-major copy in its dtype), which each thread widens piece by piece as it needs them
 /// (no serial whole-tensor conversion).
 pub(crate) enum Input<'a> {
-    F32(Cow<'a, [f32]>),
-    Bf16(Cow<'a, [bf16]>),
-    F16(Cow<'a, [f16]>),
+    F32(HostValues<'a, f32>),
+    Bf16(HostValues<'a, bf16>),
+    F16(HostValues<'a, f16>),
 }
 
 impl<'a> Input<'a> {
     fn of(t: &'a Tensor) -> Result<Input<'a>> {
-        fn values<'t, T: crate::Element>(t: &'t Tensor) -> Result<Cow<'t, [T]>> {
-            Ok(match t.contiguous_host::<T>() {
-                Some(values) => Cow::Borrowed(values),
-                None => Cow::Owned(t.to_vec::<T>()?),
-            })
-        }
         match t.dtype() {
-            DType::Bf16 => values(t).map(Input::Bf16),
-            DType::F16 => values(t).map(Input::F16),
+            DType::Bf16 => t.elements().map(Input::Bf16),
+            DType::F16 => t.elements().map(Input::F16),
             _ => host_f32(t).map(Input::F32),
         }
     }
@@ -811,15 +803,19 @@ pub(super) fn cpu_fused_f64(job: &Job) -> Result<(Tensor, Tensor)> {
 #[cfg(test)]
 mod tests {
     use super::{HeadCache, Input};
+    use crate::{Device, Tensor};
 
     #[test]
     fn head_values_are_borrowed_for_f32_and_widened_once_into_aligned_lines_for_16_bits() {
         let all: Vec<f32> = (0..4096).map(|i| (i as f32).sin()).collect();
-        let input = Input::F32(std::borrow::Cow::Borrowed(&all));
+        let tensor = Tensor::from_vec(all.clone(), &[4096], Device::Cpu).unwrap();
+        let input = Input::of(&tensor).unwrap();
         let mut cache = HeadCache::default();
-        assert_eq!(cache.f32s(&input, 0, 5..77).as_ptr(), all[5..].as_ptr());
+        let start = tensor.data_ptr().unwrap() + 5 * 4;
+        assert_eq!(cache.f32s(&input, 0, 5..77).as_ptr() as usize, start);
         let halves: Vec<half::bf16> = all.iter().map(|&x| half::bf16::from_f32(x)).collect();
-        let input = Input::Bf16(std::borrow::Cow::Borrowed(&halves));
+        let tensor = Tensor::from_vec(halves.clone(), &[4096], Device::Cpu).unwrap();
+        let input = Input::of(&tensor).unwrap();
         let got = cache.f32s(&input, 3, 5..53).to_vec();
         assert_eq!(
             got,

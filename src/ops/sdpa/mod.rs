@@ -154,6 +154,24 @@ pub fn scaled_dot_product_attention(
     sdpa(query, key, value, &options).map(|out| out.output)
 }
 
+/// [`sdpa`] with its output written into `out` (a CPU tensor of the output's shape and
+/// dtype, such as a [`crate::BorrowScope::borrow_mut`] over caller memory): the returned
+/// [`SdpaOutput::output`] is `out`.
+pub fn sdpa_out(
+    query: &Tensor,
+    key: &Tensor,
+    value: &Tensor,
+    options: &SdpaOptions,
+    out: &Tensor,
+) -> Result<SdpaOutput> {
+    let result = sdpa(query, key, value, options)?;
+    crate::ops::copy::write_out("sdpa_out", &result.output, out)?;
+    Ok(SdpaOutput {
+        output: out.clone(),
+        ..result
+    })
+}
+
 fn meta(t: &Tensor) -> TensorMeta {
     TensorMeta {
         shape: t.shape().to_vec(),
