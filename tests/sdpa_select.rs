@@ -328,17 +328,27 @@ fn cases() -> Vec<Case> {
             cudnn: vec![Reason::UnsupportedDevice(Device::Wgpu(0))],
         },
         Case {
+            name: "wgpu bf16, computed in f32",
+            params: params(4, 4, 64, 64, 64, DType::Bf16, Device::Wgpu(0)),
+            caps: wgpu(false),
+            selected: Flash,
+            flash: vec![],
+            mem_efficient: vec![],
+            cudnn: vec![Reason::UnsupportedDevice(Device::Wgpu(0))],
+        },
+        Case {
             name: "wgpu f16 without shader-f16",
             params: params(4, 4, 64, 64, 64, DType::F16, Device::Wgpu(0)),
             caps: wgpu(false),
             selected: Math,
+            // bf16 is accepted everywhere on wgpu: computed in f32 on widened copies.
             flash: vec![Reason::Dtype {
                 got: DType::F16,
-                accepted: vec![DType::F32],
+                accepted: vec![DType::F32, DType::Bf16],
             }],
             mem_efficient: vec![Reason::Dtype {
                 got: DType::F16,
-                accepted: vec![DType::F32],
+                accepted: vec![DType::F32, DType::Bf16],
             }],
             cudnn: vec![Reason::UnsupportedDevice(Device::Wgpu(0))],
         },

@@ -355,9 +355,13 @@ fn pin(spec: &Spec) -> syn::Result<TokenStream2> {
     let causal = causal_expr(spec);
     let mask = spec.mask.map_or(MaskKind::None, |(m, _)| m);
     let kernel = match kind {
-        DeviceKind::Wgpu | DeviceKind::Cuda => {
-            rules::kernel_key(backend, elem, d, causal_key, mask)
-        }
+        DeviceKind::Wgpu | DeviceKind::Cuda => rules::kernel_key(
+            backend,
+            rules::compute_elem(kind, elem),
+            d,
+            causal_key,
+            mask,
+        ),
         DeviceKind::Cpu => None,
     };
     let kernel = match kernel {

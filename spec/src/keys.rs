@@ -182,6 +182,16 @@ pub struct AttentionCombineKey {
     pub elem: Elem,
 }
 
+/// An element-wise conversion between two element types (wgpu's bf16 tensors widened to
+/// f32 for the kernels, and their results rounded back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConvertKey {
+    /// The element type read.
+    pub from: Elem,
+    /// The element type written.
+    pub to: Elem,
+}
+
 /// A kernel family: one template per target, one CUDA module per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -205,11 +215,13 @@ pub enum Family {
     BiasAdd,
     /// Split-KV attention's combine step.
     AttentionCombine,
+    /// Element-wise type conversions.
+    Convert,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
@@ -220,6 +232,7 @@ impl Family {
         Family::Im2col,
         Family::BiasAdd,
         Family::AttentionCombine,
+        Family::Convert,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -235,6 +248,7 @@ impl Family {
             Family::Im2col => "im2col",
             Family::BiasAdd => "bias_add",
             Family::AttentionCombine => "attention_combine",
+            Family::Convert => "convert",
         }
     }
 
@@ -249,6 +263,7 @@ impl Family {
             Family::Im2col => Some("im2col"),
             Family::BiasAdd => Some("bias_add"),
             Family::AttentionCombine => Some("attention_combine"),
+            Family::Convert => Some("convert"),
         }
     }
 }
@@ -293,6 +308,8 @@ pub enum KernelKey {
     BiasAdd(BiasAddKey),
     /// Split-KV partial results combined.
     AttentionCombine(AttentionCombineKey),
+    /// An element-wise conversion.
+    Convert(ConvertKey),
 }
 
 impl KernelKey {
@@ -309,6 +326,7 @@ impl KernelKey {
             KernelKey::Im2col(_) => Family::Im2col,
             KernelKey::BiasAdd(_) => Family::BiasAdd,
             KernelKey::AttentionCombine(_) => Family::AttentionCombine,
+            KernelKey::Convert(_) => Family::Convert,
         }
     }
 
@@ -354,6 +372,11 @@ impl KernelKey {
             KernelKey::AttentionCombine(k) => format!(
                 "KernelKey::AttentionCombine(AttentionCombineKey {{ elem: {} }})",
                 elem(k.elem)
+            ),
+            KernelKey::Convert(k) => format!(
+                "KernelKey::Convert(ConvertKey {{ from: {}, to: {} }})",
+                elem(k.from),
+                elem(k.to)
             ),
             KernelKey::MaskedSoftmax(k) => format!(
                 "KernelKey::MaskedSoftmax(MaskedSoftmaxKey {{ elem: {}, mask: {} }})",

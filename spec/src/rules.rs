@@ -98,13 +98,24 @@ pub fn dtypes(backend: Backend, target: &Target) -> &'static [Elem] {
     use {Backend as B, DeviceKind as K, Elem::*};
     match (backend, target.kind) {
         (B::Math, _) | (B::Flash, K::Cpu) => &[F32, F64, Bf16, F16],
-        (B::Flash, K::Wgpu) if target.shader_f16 => &[F16, F32],
-        (B::MemEfficient, K::Wgpu) if target.shader_f16 => &[F32, F16],
-        (B::Flash | B::MemEfficient, K::Wgpu) => &[F32],
+        // bf16 on wgpu runs the f32 kernels on widened copies (see `compute_elem`).
+        (B::Flash, K::Wgpu) if target.shader_f16 => &[F16, F32, Bf16],
+        (B::MemEfficient, K::Wgpu) if target.shader_f16 => &[F32, F16, Bf16],
+        (B::Flash | B::MemEfficient, K::Wgpu) => &[F32, Bf16],
         (B::Flash | B::Cudnn, K::Cuda) => &[F16, Bf16],
         (B::MemEfficient, K::Cuda) if target.sm.is_none_or(|sm| sm >= (8, 0)) => &[F32, F16, Bf16],
         (B::MemEfficient, K::Cuda) => &[F32, F16],
         (B::MemEfficient | B::Cudnn, K::Cpu) | (B::Cudnn, K::Wgpu) => &[],
+    }
+}
+
+/// The element type the kernels compute `elem` inputs in on devices of `kind`: bf16 on wgpu
+/// is widened to f32 on the device (WGSL has no bf16) and the result rounded back; every
+/// other type is computed as itself.
+pub fn compute_elem(kind: DeviceKind, elem: Elem) -> Elem {
+    match (kind, elem) {
+        (DeviceKind::Wgpu, Elem::Bf16) => Elem::F32,
+        _ => elem,
     }
 }
 
@@ -149,7 +160,7 @@ impl fmt::Display for HeadDims {
 /// The head-dimension rule of `backend` on `target` for `elem` inputs (`None`: any).
 pub fn head_dims(backend: Backend, target: &Target, elem: Elem) -> Option<HeadDims> {
     let gpu = matches!(target.kind, DeviceKind::Wgpu | DeviceKind::Cuda);
-    let sixteen_bit = matches!(elem, Elem::F16 | Elem::Bf16);
+    let sixteen_bit = matches!(compute_elem(target.kind, elem), Elem::F16 | Elem::Bf16);
     match backend {
         Backend::Flash if gpu => Some(HeadDims {
             max: 256,
@@ -277,7 +288,7 @@ mod tests {
                         } else {
                             MaskKind::None
                         };
-                        let key = kernel_key(backend, elem, d, false, mask)
+                        let key = kernel_key(backend, compute_elem(kind, elem), d, false, mask)
                             .unwrap_or_else(|| panic!("{backend:?} {elem:?} d={d}"));
                         let served = built.iter().any(|v| {
                             v.key == key

@@ -320,6 +320,21 @@ fn attention_combine(elem: Elem) -> Variant {
     }
 }
 
+/// bf16 <-> f32 on wgpu (WGSL has no bf16: its tensors' kernels compute in f32); CUDA has
+/// bf16 and needs none.
+fn convert(from: Elem, to: Elem) -> Variant {
+    Variant {
+        key: KernelKey::Convert(ConvertKey { from, to }),
+        name: format!("convert_{}_to_{}", from.name(), to.name()),
+        cuda: None,
+        wgsl: Some(WgslSpec {
+            decls: vec![WgslDecl::Const("TO_BF16", u32::from(to == Elem::Bf16))],
+            launch: ELEMENTWISE,
+            needs_f16: false,
+        }),
+    }
+}
+
 fn wgsl_mask_t(elem: Elem, mask: MaskKind) -> WgslDecl {
     match mask {
         MaskKind::Additive => WgslDecl::Alias("MASK_T", elem.wgsl_type().unwrap_or("f32")),
@@ -472,6 +487,8 @@ pub fn all() -> Vec<Variant> {
     for elem in [F32, F16, Bf16] {
         v.push(attention_combine(elem));
     }
+    v.push(convert(Bf16, F32));
+    v.push(convert(F32, Bf16));
     // Math attention on a device computes in f32 (its half-type inputs run on the host).
     for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {
         v.push(masked_softmax(F32, mask));

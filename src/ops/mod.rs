@@ -2,6 +2,7 @@
 //! (`mod.rs`) next to the device-specific parts.
 
 pub mod conv;
+pub(crate) mod convert;
 pub mod copy;
 pub mod einsum;
 pub mod fft;

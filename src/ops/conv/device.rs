@@ -16,7 +16,8 @@ use crate::{DType, Device, Error, Result, Tensor, matmul};
 /// Whether `device` runs a convolution of `dtype`, and if not, why.
 pub(crate) fn check_dtype(device: Device, dtype: DType) -> Result<()> {
     let supported = match device {
-        Device::Wgpu(_) => dtype == DType::F32,
+        // bf16 through f32 copies widened on the device (WGSL has no bf16).
+        Device::Wgpu(_) => matches!(dtype, DType::F32 | DType::Bf16),
         Device::Cuda(_) => matches!(dtype, DType::F32 | DType::F16 | DType::Bf16),
         Device::Cpu => true,
     };
@@ -25,7 +26,7 @@ pub(crate) fn check_dtype(device: Device, dtype: DType) -> Result<()> {
     }
     Err(Error::DTypeMismatch {
         op: if matches!(device, Device::Wgpu(_)) {
-            "conv2d on wgpu (f32 only; move f16 inputs to the CPU)"
+            "conv2d on wgpu (f32 and bf16; move f16 inputs to the CPU)"
         } else {
             "conv2d on CUDA (f32, f16, bf16; move f64 inputs to the CPU)"
         },
@@ -51,6 +52,13 @@ pub(crate) fn conv2d(
     bias: Option<&Tensor>,
     g: &Geometry,
 ) -> Result<Tensor> {
+    if crate::ops::convert::is_wgpu_bf16(input) {
+        use crate::ops::convert::{narrowed, widened};
+        let wide = |t: &Tensor| widened("conv2d", t);
+        let bias = bias.map(wide).transpose()?;
+        let result = conv2d(&wide(input)?, &wide(weight)?, bias.as_ref(), g)?;
+        return narrowed("conv2d", &result);
+    }
     let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
     let device = input.device();
     let w = weight.contiguous()?;

@@ -326,6 +326,11 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let p = problem(a, b)?;
     let product = match a.device() {
         Device::Cpu => return cpu(a, b, &p, bias),
+        Device::Wgpu(index) if a.dtype() == DType::Bf16 => {
+            use crate::ops::convert::{narrowed, widened};
+            let wide = wgpu(index, &widened("matmul", a)?, &widened("matmul", b)?, &p)?;
+            narrowed("matmul", &wide)?
+        }
         Device::Wgpu(index) => wgpu(index, a, b, &p)?,
         Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p)?,
     };

@@ -172,6 +172,31 @@ pub fn sdpa_out(
     })
 }
 
+/// Attention of bf16 wgpu tensors: `attend` on f32 copies widened on the device (an additive
+/// bf16 mask too), its output rounded back to bf16 (the log-sum-exp stays f32).
+pub(crate) fn bf16_on_wgpu(
+    op: &'static str,
+    inputs: [&Tensor; 3],
+    options: &SdpaOptions,
+    attend: impl FnOnce([&Tensor; 3], &SdpaOptions) -> Result<SdpaOutput>,
+) -> Result<SdpaOutput> {
+    use crate::ops::convert::{is_wgpu_bf16, narrowed, widened};
+    let [q, k, v] = inputs.map(|t| widened(op, t));
+    let mask = match options.attn_mask {
+        Some(m) if is_wgpu_bf16(m) => Some(widened(op, m)?),
+        _ => None,
+    };
+    let options = SdpaOptions {
+        attn_mask: mask.as_ref().or(options.attn_mask),
+        ..*options
+    };
+    let out = attend([&q?, &k?, &v?], &options)?;
+    Ok(SdpaOutput {
+        output: narrowed(op, &out.output)?,
+        ..out
+    })
+}
+
 fn meta(t: &Tensor) -> TensorMeta {
     TensorMeta {
         shape: t.shape().to_vec(),
@@ -204,6 +229,17 @@ pub fn sdpa(
     value: &Tensor,
     options: &SdpaOptions,
 ) -> Result<SdpaOutput> {
+    if [query, key, value]
+        .into_iter()
+        .all(crate::ops::convert::is_wgpu_bf16)
+    {
+        return bf16_on_wgpu(
+            "sdpa",
+            [query, key, value],
+            options,
+            |[q, k, v], options| sdpa(q, k, v, options),
+        );
+    }
     let p = params(query, key, value, options);
     let (backend, pin) = select::select(&p)?;
     // The fused kernels read an additive mask in q's type; PyTorch takes one of any float

@@ -79,6 +79,7 @@ impl Pin {
             .flatten()
             .and_then(|elem| {
                 let d = head_dim as usize;
+                let elem = rules::compute_elem(device, elem);
                 rules::kernel_key(backend.into(), elem, d, causal.is_some(), mask)
             });
         Pin {

@@ -217,6 +217,15 @@ fn run(
     seqs: Sequences,
     options: &SdpaOptions,
 ) -> Result<SdpaOutput> {
+    if [query, key, value]
+        .into_iter()
+        .all(crate::ops::convert::is_wgpu_bf16)
+    {
+        let attend = |inputs: [&Tensor; 3], options: &SdpaOptions| {
+            run(kernel, inputs, dense, shape, seqs, options)
+        };
+        return super::bf16_on_wgpu(kernel, [query, key, value], options, attend);
+    }
     if options.attn_mask.is_some() {
         return Err(invalid(
             "attn_mask",

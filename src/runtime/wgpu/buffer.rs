@@ -21,7 +21,7 @@ impl WgpuBuffer {
                 why: format!("wgpu:{index} lacks shader-f16; use f32 tensors there"),
             });
         }
-        if dtype == DType::F64 || dtype == DType::Bf16 {
+        if dtype == DType::F64 {
             return Err(Error::DTypeMismatch {
                 op: "upload to wgpu",
                 expected: DType::F32,
@@ -118,7 +118,12 @@ impl WgpuBuffer {
         Ok(view[..self.len].to_vec())
     }
 
-    /// The wgpu buffer.
+    /// The size of the contents in bytes (the buffer may be padded past them).
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The underlying wgpu buffer.
     pub(crate) fn raw(&self) -> &wgpu::Buffer {
         &self.buffer
     }

@@ -72,6 +72,11 @@ pub(super) mod buffer {
         }
 
         /// Never reached (no buffer exists).
+        pub(crate) fn len(&self) -> usize {
+            match *self {}
+        }
+
+        /// Never reached (no buffer exists).
         pub(crate) fn raw(&self) -> &Infallible {
             match *self {}
         }

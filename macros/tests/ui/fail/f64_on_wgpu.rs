@@ -1,4 +1,4 @@
-#[backends::sdpa_kernel(mem_efficient, dtype = bf16, device = wgpu)]
+#[backends::sdpa_kernel(mem_efficient, dtype = f64, device = wgpu)]
 fn attend() {}
 
 fn main() {

@@ -28,6 +28,12 @@ fn pinned_on_wgpu() -> bool {
     pinned().is_some_and(|p| p.entry().is_some_and(|e| e.wgsl.is_some()))
 }
 
+/// bf16 on wgpu runs the f32 kernels on widened copies: the pin names an f32 WGSL kernel.
+#[sdpa_kernel(mem_efficient, dtype = bf16, head_dim = 64, device = wgpu)]
+fn bf16_on_wgpu() -> bool {
+    pinned().is_some_and(|p| p.entry().is_some_and(|e| e.wgsl.is_some()))
+}
+
 #[sdpa_kernel(cudnn, dtype = f16, head_dim = 256)]
 fn cudnn_on_hopper() {}
 
@@ -70,6 +76,7 @@ fn main() {
     assert!(flash_sdp_enabled());
     assert_eq!(pinned_on_cuda(), Some(128));
     assert!(pinned_on_wgpu());
+    assert!(bf16_on_wgpu());
     assert_eq!(pinned_lower_right(), Some(Some(CausalVariant::LowerRight)));
     // One query against three keys, bottom-right: it sees all three (top-left: only the first).
     let one = Tensor::from_vec(vec![1f32, 0.0], &[1, 1, 1, 2], Device::Cpu).unwrap();
