@@ -171,6 +171,21 @@ impl CpuData {
             CpuData::I32(v) => raw(v),
         }
     }
+
+    /// The elements' bytes, writable: start and length.
+    fn raw_mut(&mut self) -> (*mut u8, usize) {
+        fn raw<T>(v: &mut [T]) -> (*mut u8, usize) {
+            (v.as_mut_ptr().cast(), std::mem::size_of_val(v))
+        }
+        match self {
+            CpuData::F32(v) => raw(v),
+            CpuData::F64(v) => raw(v),
+            CpuData::F16(v) => raw(v),
+            CpuData::Bf16(v) => raw(v),
+            CpuData::Bool(v) => raw(v),
+            CpuData::I32(v) => raw(v),
+        }
+    }
 }
 
 impl HostMemory {
@@ -242,10 +257,7 @@ impl HostMemory {
         debug_assert_eq!(std::mem::size_of::<T>(), self.dtype.size());
         let mut guard = self.state.write();
         let (ptr, bytes) = match &mut *guard {
-            Host::Owned(data) => {
-                let (ptr, bytes) = data.raw();
-                (ptr.cast_mut(), bytes)
-            }
+            Host::Owned(data) => data.raw_mut(),
             Host::Borrowed {
                 ptr,
                 len,
