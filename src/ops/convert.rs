@@ -72,10 +72,7 @@ fn convert(
     let kernel = entry.wgsl.as_ref().expect("a conversion has WGSL");
     let invocations = if to == Elem::Bf16 { n.div_ceil(2) } else { n };
     let groups = folded_groups(op, invocations.div_ceil(256))?;
-    let params: Vec<u8> = [u32_arg(op, n)?, groups[0], u32_arg(op, offset)?, 0]
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .collect();
+    let params = [u32_arg(op, n)?, groups[0], u32_arg(op, offset)?, 0];
     let describe = || Call {
         kernel: entry.name.into(),
         backend: format!("wgpu:{index}"),

@@ -258,14 +258,13 @@ fn on_device(t: &Tensor) -> Result<Option<Tensor>> {
             }
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let out = WgpuBuffer::output(gpu, bytes)?;
-            let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             let src = t.wgpu_buffer().expect("a wgpu tensor has a buffer");
             if n > 0 {
                 gpu.run(
                     entry.name,
                     kernel,
                     &[src.raw(), out.raw()],
-                    &params,
+                    &words,
                     dispatch,
                 )?;
             }

@@ -10,7 +10,7 @@ use crate::kernels::{BiasAddKey, Elem, Im2colKey, KernelKey};
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
 use crate::runtime::cuda::{grid_dim, long_arg};
-use crate::runtime::wgpu::WgpuBuffer;
+use crate::runtime::wgpu::{WgpuBuffer, u32_arg};
 use crate::{DType, Device, Error, Result, Tensor, matmul};
 
 /// Whether `device` runs a convolution of `dtype`, and if not, why.
@@ -175,14 +175,13 @@ fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
                 .collect::<Result<Vec<_>>>()?;
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let out = WgpuBuffer::output(gpu, bytes)?;
-            let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             let src = x.wgpu_buffer().expect("a wgpu tensor has a buffer");
             if count > 0 {
                 gpu.run(
                     entry.name,
                     kernel,
                     &[src.raw(), out.raw()],
-                    &params,
+                    &words,
                     dispatch,
                 )?;
             }
@@ -229,25 +228,17 @@ fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Resul
             let entry = crate::kernels::lookup(&key).expect("the bias kernels are declared");
             let kernel = entry.wgsl.as_ref().expect("f32 bias_add has WGSL");
             let dispatch = crate::runtime::wgpu::folded_groups("conv2d", n.div_ceil(256))?;
-            let too_large = || Error::ShapeMismatch {
-                op: "conv2d",
-                detail: format!("an output of {n} elements exceeds what wgpu kernels index"),
-            };
-            let words = [
-                n,
-                inner,
-                channels,
-                dispatch[0] as usize,
-                out.offset(),
-                bias.offset(),
+            let arg = |v| u32_arg("conv2d", v);
+            let params = [
+                arg(n)?,
+                arg(inner)?,
+                arg(channels)?,
+                dispatch[0],
+                arg(out.offset())?,
+                arg(bias.offset())?,
                 0,
                 0,
-            ]
-            .map(|v| u32::try_from(v).map_err(|_| too_large()));
-            let mut params = Vec::with_capacity(32);
-            for word in words {
-                params.extend(word?.to_le_bytes());
-            }
+            ];
             let gpu = crate::runtime::wgpu::gpu(index)?;
             let x = out.wgpu_buffer().expect("a wgpu tensor has a buffer");
             let b = bias.wgpu_buffer().expect("a wgpu tensor has a buffer");

@@ -585,15 +585,13 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
     };
     if p.outputs() > 0 && p.k > 0 {
         let fits = |v: usize| u32_arg("matmul on wgpu", v);
-        let mut params = Vec::new();
-        for v in [p.m, p.n, p.k, p.batch]
+        let params = [p.m, p.n, p.k, p.batch]
             .into_iter()
             .chain(p.kernel_strides())
             .chain(p.offsets)
             .chain([0, 0])
-        {
-            params.extend_from_slice(&fits(v)?.to_le_bytes());
-        }
+            .map(fits)
+            .collect::<Result<Vec<u32>>>()?;
         let (a_buf, b_buf) = (
             a.wgpu_buffer().expect("a wgpu tensor has a buffer"),
             b.wgpu_buffer().expect("a wgpu tensor has a buffer"),

@@ -107,7 +107,6 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
         words.extend([lo, hi, lower_right].map(i32::cast_unsigned));
         // The last scores element must be addressable too.
         word(rows * s.lk)?;
-        let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let dummy;
         let mask_buffer = match mask {
             Some(m) => m.wgpu_buffer().expect("a wgpu mask has a buffer").raw(),
@@ -121,7 +120,7 @@ fn wgpu_softmax(index: usize, scores: &Tensor, mask: Option<&Tensor>, job: &Job)
             entry.name,
             kernel,
             &[scores_buffer.raw(), mask_buffer, out.raw()],
-            &params,
+            &words,
             dispatch,
         )?;
     }

@@ -318,7 +318,6 @@ fn combine(device: Device, job: &Job, count: usize, partial: &Partial) -> Result
                 .chain(strides)
                 .map(|x| u32_arg(OP, x))
                 .collect::<Result<Vec<u32>>>()?;
-            let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
             // (The partial pass's outputs are fresh buffers: offset 0.)
             let (p, pl) = [out_part, lse_part]
                 .map(|t| t.wgpu_buffer().expect("a wgpu tensor has a buffer"))
@@ -328,7 +327,7 @@ fn combine(device: Device, job: &Job, count: usize, partial: &Partial) -> Result
                     entry.name,
                     kernel,
                     &[p.raw(), pl.raw(), out.raw(), lse.raw()],
-                    &params,
+                    &words,
                     dispatch,
                 )?;
             }

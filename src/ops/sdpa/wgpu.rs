@@ -118,7 +118,6 @@ pub(super) fn wgpu_fused(
     {
         words.push(u32_of(x)?);
     }
-    let params: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     let out_len = out_shape.iter().product::<usize>() * q.dtype().size();
     let out = crate::runtime::wgpu::WgpuBuffer::output(gpu, out_len)?;
     let lse = crate::runtime::wgpu::WgpuBuffer::output(gpu, rows.lse_len * 4)?;
@@ -151,7 +150,7 @@ pub(super) fn wgpu_fused(
                 lse.raw(),
                 seq.raw(),
             ],
-            &params,
+            &words,
             groups,
         )?;
     }

@@ -99,25 +99,28 @@ impl Gpu {
     }
 
     /// Runs kernel `name` once over `workgroups`, binding `buffers` in order and then a
-    /// uniform buffer with `params`; returns when the device is done.
+    /// uniform buffer holding the 32-bit words `params` (the kernel's `Params` struct, in
+    /// field order); returns when the device is done.
     pub(crate) fn run(
         &self,
         name: &'static str,
         kernel: &WgslKernel,
         buffers: &[&wgpu::Buffer],
-        params: &[u8],
+        params: &[u32],
         workgroups: [u32; 3],
     ) -> Result<()> {
         let pipeline = self.pipeline(name, kernel);
+        // Uniform buffers are sized in 16-byte steps: pad with zero words.
+        let mut padded = params.to_vec();
+        padded.resize(params.len().next_multiple_of(4), 0);
         let uniform = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
-            size: params.len().next_multiple_of(16) as u64,
+            size: (padded.len() * 4) as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut padded = params.to_vec();
-        padded.resize(params.len().next_multiple_of(16), 0);
-        self.queue.write_buffer(&uniform, 0, &padded);
+        self.queue
+            .write_buffer(&uniform, 0, bytemuck::cast_slice(&padded));
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
             .copied()

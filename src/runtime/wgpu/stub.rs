@@ -36,7 +36,7 @@ pub(super) mod device {
             _name: &'static str,
             _kernel: &WgslKernel,
             _buffers: &[&Infallible],
-            _params: &[u8],
+            _params: &[u32],
             _workgroups: [u32; 3],
         ) -> Result<()> {
             match *self {}
