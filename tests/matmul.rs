@@ -196,13 +196,13 @@ fn medium_precision_rounds_to_bf16_where_the_cpu_has_it() {
     }
 }
 
-/// Few rows of A (up to 8: a decoding step's `x @ W`): B read in place, row-major or as the
-/// transposed view of a `[N, K]` weight (`W.t()`), f32 and bf16, against the reference,
-/// bit-identical on 1, 2 and 3 threads, and named in the trace.
+/// Few rows of A (up to 8: a decoding step's `x @ W`; up to 32 against an f32 `W.t()`): B
+/// read in place, row-major or as the transposed view of a `[N, K]` weight, f32 and bf16,
+/// against the reference, bit-identical on 1, 2 and 3 threads, and named in the trace.
 #[test]
 fn few_rows_against_a_plain_or_transposed_weight() {
     let _p = ieee();
-    // The last is large enough to be split among the threads; 8 rows is the most taken.
+    // (2, 2000, 2100) is large enough to be split among the threads.
     for (m, n, k) in [
         (1, 1, 1),
         (1, 700, 300),
@@ -212,6 +212,9 @@ fn few_rows_against_a_plain_or_transposed_weight() {
         (7, 300, 50),
         (8, 1000, 333),
         (2, 2000, 2100),
+        // Up to 32 rows against an f32 weight used as W.t(); the packed path otherwise.
+        (13, 517, 70),
+        (32, 300, 200),
     ] {
         let (a, w) = (random(m * k), random(n * k));
         // w is the weight [n, k]; `plain` holds its transpose [k, n] as a plain matrix.
@@ -242,7 +245,12 @@ fn few_rows_against_a_plain_or_transposed_weight() {
                     backends::cpu::get_cpu_capability(),
                     backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
                 ) {
-                    assert!(lines.iter().any(|l| l.contains("skinny")), "{lines:?}");
+                    let skinny = m <= 8 || (dtype == DType::F32 && name == "transposed");
+                    assert_eq!(
+                        lines.iter().any(|l| l.contains("skinny")),
+                        skinny,
+                        "{dtype} {name} {m}: {lines:?}"
+                    );
                 }
                 for threads in [1, 3] {
                     let _t = backends::NUM_THREADS.guard_scoped(threads);
