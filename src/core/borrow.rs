@@ -80,9 +80,7 @@ impl Drop for BorrowScope<'_> {
 impl<'env> BorrowScope<'env> {
     /// A row-major CPU tensor of `shape` over `data` (exactly its element count).
     pub fn borrow<T: Element>(&self, data: &'env [T], shape: &[usize]) -> Result<Tensor> {
-        let strides = crate::core::tensor::contiguous_strides(shape);
-        let numel = checked_numel("borrow", shape, T::DTYPE)?;
-        exact_len("borrow", data.len(), shape, numel)?;
+        let strides = row_major::<T>("borrow", data.len(), shape)?;
         self.lend(NonNull::from(data), false, shape, &strides, 0)
     }
 
@@ -102,9 +100,7 @@ impl<'env> BorrowScope<'env> {
     /// A writable row-major CPU tensor of `shape` over `data`: the destination of
     /// [`Tensor::copy_`] and the `*_out` forms, readable as an input too.
     pub fn borrow_mut<T: Element>(&self, data: &'env mut [T], shape: &[usize]) -> Result<Tensor> {
-        let strides = crate::core::tensor::contiguous_strides(shape);
-        let numel = checked_numel("borrow_mut", shape, T::DTYPE)?;
-        exact_len("borrow_mut", data.len(), shape, numel)?;
+        let strides = row_major::<T>("borrow_mut", data.len(), shape)?;
         self.lend(NonNull::from(data), true, shape, &strides, 0)
     }
 
@@ -140,9 +136,12 @@ impl<'env> BorrowScope<'env> {
     }
 }
 
-fn exact_len(op: &'static str, len: usize, shape: &[usize], numel: usize) -> Result<()> {
+/// The row-major strides of `shape`, where a slice of `len` elements of `T` holds exactly
+/// that shape.
+fn row_major<T: Element>(op: &'static str, len: usize, shape: &[usize]) -> Result<Vec<usize>> {
+    let numel = checked_numel(op, shape, T::DTYPE)?;
     if len == numel {
-        return Ok(());
+        return Ok(crate::core::tensor::contiguous_strides(shape));
     }
     Err(Error::ShapeMismatch {
         op,

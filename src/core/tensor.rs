@@ -156,35 +156,29 @@ unsafe impl Send for Host {}
 // SAFETY: as for `Send`: shared access only reads, under the lock.
 unsafe impl Sync for Host {}
 
+/// `$body` with `$v` bound to the vector inside `$data`, whatever its element type.
+macro_rules! each_vec {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            CpuData::F32($v) => $body,
+            CpuData::F64($v) => $body,
+            CpuData::F16($v) => $body,
+            CpuData::Bf16($v) => $body,
+            CpuData::Bool($v) => $body,
+            CpuData::I32($v) => $body,
+        }
+    };
+}
+
 impl CpuData {
     /// The elements' bytes: start and length.
     fn raw(&self) -> (*const u8, usize) {
-        fn raw<T>(v: &[T]) -> (*const u8, usize) {
-            (v.as_ptr().cast(), std::mem::size_of_val(v))
-        }
-        match self {
-            CpuData::F32(v) => raw(v),
-            CpuData::F64(v) => raw(v),
-            CpuData::F16(v) => raw(v),
-            CpuData::Bf16(v) => raw(v),
-            CpuData::Bool(v) => raw(v),
-            CpuData::I32(v) => raw(v),
-        }
+        each_vec!(self, v => (v.as_ptr().cast(), std::mem::size_of_val(v.as_slice())))
     }
 
     /// The elements' bytes, writable: start and length.
     fn raw_mut(&mut self) -> (*mut u8, usize) {
-        fn raw<T>(v: &mut [T]) -> (*mut u8, usize) {
-            (v.as_mut_ptr().cast(), std::mem::size_of_val(v))
-        }
-        match self {
-            CpuData::F32(v) => raw(v),
-            CpuData::F64(v) => raw(v),
-            CpuData::F16(v) => raw(v),
-            CpuData::Bf16(v) => raw(v),
-            CpuData::Bool(v) => raw(v),
-            CpuData::I32(v) => raw(v),
-        }
+        each_vec!(self, v => (v.as_mut_ptr().cast(), std::mem::size_of_val(v.as_slice())))
     }
 }
 
@@ -673,36 +667,31 @@ impl Tensor {
             strides,
             offset,
         } = self;
-        match Arc::try_unwrap(storage) {
-            Ok(Storage::Host(memory)) => match memory.state.into_inner() {
-                Host::Owned(data) => {
-                    let mut values = T::unwrap_vec(data).expect("the buffer holds the dtype");
-                    values.truncate(numel);
-                    Ok(values)
-                }
-                // A borrow still running is also held by its scope, so the storage was not
-                // this handle's alone: only an ended one gets here.
-                Host::Borrowed { .. } | Host::Ended => Err(borrow_ended("into_vec")),
-            },
-            Ok(device_storage) => Tensor {
-                storage: Arc::new(device_storage),
-                dtype,
-                device,
-                shape,
-                strides,
-                offset,
+        let storage = match Arc::try_unwrap(storage) {
+            Ok(Storage::Host(memory)) => {
+                return match memory.state.into_inner() {
+                    Host::Owned(data) => {
+                        let mut values = T::unwrap_vec(data).expect("the buffer holds the dtype");
+                        values.truncate(numel);
+                        Ok(values)
+                    }
+                    // A borrow still running is also held by its scope, so the storage was
+                    // not this handle's alone: only an ended one gets here.
+                    Host::Borrowed { .. } | Host::Ended => Err(borrow_ended("into_vec")),
+                };
             }
-            .to_vec(),
-            Err(storage) => Tensor {
-                storage,
-                dtype,
-                device,
-                shape,
-                strides,
-                offset,
-            }
-            .to_vec(),
+            Ok(device_storage) => Arc::new(device_storage),
+            Err(shared) => shared,
+        };
+        Tensor {
+            storage,
+            dtype,
+            device,
+            shape,
+            strides,
+            offset,
         }
+        .to_vec()
     }
 
     /// Checks that every tensor of `others` has this tensor's dtype and device (each
