@@ -203,17 +203,19 @@ pub(crate) enum Op {
         d: usize,
         a: Src,
     },
+    /// `ld` of one value, or of a `.v2`/`.v4` vector into consecutive elements of `d`.
     Ld {
         space: Space,
         ty: Ty,
-        d: usize,
+        d: Vec<usize>,
         addr: Addr,
     },
+    /// `st` of one value, or of a `.v2`/`.v4` vector from the elements of `a`.
     St {
         space: Space,
         ty: Ty,
         addr: Addr,
-        a: Src,
+        a: Vec<Src>,
     },
     Bra {
         target: usize,
@@ -497,13 +499,29 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
                 } else {
                     return Err(unsupported(i));
                 };
-                if parts.iter().any(|p| p.starts_with('v') && p.len() == 2) {
+                let lanes = match parts.iter().find(|p| p.starts_with('v') && p.len() == 2) {
+                    None => 1,
+                    Some(&"v2") => 2,
+                    Some(&"v4") => 4,
+                    Some(_) => return Err(unsupported(i)),
+                };
+                if ty(0)?.bits() > 64 {
                     return Err(unsupported(i));
                 }
                 let (value, address) = if parts[0] == "ld" {
                     (&operands[0], &operands[1])
                 } else {
                     (&operands[1], &operands[0])
+                };
+                // The value's registers (or sources), one per vector element.
+                let values: Vec<&Operand> = match value {
+                    Operand::Vector(v) if v.len() == lanes && lanes > 1 => v.iter().collect(),
+                    _ if lanes == 1 => vec![value],
+                    _ => {
+                        return Err(invalid(
+                            "a vector access whose value is no vector of its size",
+                        ));
+                    }
                 };
                 let addr = match address {
                     Operand::Address(Address::Reg(name, offset)) => Addr::Reg(reg(name), *offset),
@@ -525,7 +543,7 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
                     Op::Ld {
                         space,
                         ty: ty(0)?,
-                        d: dest(value)?,
+                        d: values.into_iter().map(&dest).collect::<Result<_, _>>()?,
                         addr,
                     }
                 } else {
@@ -533,7 +551,7 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
                         space,
                         ty: ty(0)?,
                         addr,
-                        a: src(value)?,
+                        a: values.into_iter().map(&src).collect::<Result<_, _>>()?,
                     }
                 }
             }

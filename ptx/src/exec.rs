@@ -456,20 +456,24 @@ impl<'a> Cta<'a> {
             }
             Op::Ld { space, ty, d, addr } => {
                 let bytes = (ty.bits() / 8).max(1) as usize;
-                let value = match (space, addr) {
+                let total = bytes * d.len();
+                // At most 4 elements of at most 8 bytes.
+                let mut raw = [0u8; 32];
+                match (space, addr) {
                     (Space::Param, Addr::Param(p)) => {
-                        let raw = &self.launch.params[*p];
-                        le(&raw[..bytes.min(raw.len())])
+                        let param = &self.launch.params[*p];
+                        let n = total.min(param.len());
+                        raw[..n].copy_from_slice(&param[..n]);
                     }
                     (Space::Shared, _) => {
-                        let at = self.shared_address(t, addr, bytes, line)?;
-                        self.record(t, pc, Space::Shared, at as u64, bytes);
-                        le(&self.shared[at..at + bytes])
+                        let at = self.shared_address(t, addr, total, line)?;
+                        self.record(t, pc, Space::Shared, at as u64, total);
+                        raw[..total].copy_from_slice(&self.shared[at..at + total]);
                     }
                     (Space::Global, Addr::Reg(r, offset)) => {
                         let (buffer, at) =
-                            self.global_access(t, pc, memory, (*r, *offset), bytes, "read")?;
-                        le(&memory.allocations[buffer].1[at..at + bytes])
+                            self.global_access(t, pc, memory, (*r, *offset), total, "read")?;
+                        raw[..total].copy_from_slice(&memory.allocations[buffer].1[at..at + total]);
                     }
                     _ => {
                         return Err(ExecError::Invalid {
@@ -477,27 +481,35 @@ impl<'a> Cta<'a> {
                             line,
                         });
                     }
-                };
-                let value = match ty {
-                    Ty::S(_) => ty.int(value) as u64,
-                    _ => value & ty.mask(),
-                };
-                self.write(t, *d, value);
+                }
+                for (k, d) in d.iter().enumerate() {
+                    let value = le(&raw[k * bytes..(k + 1) * bytes]);
+                    let value = match ty {
+                        Ty::S(_) => ty.int(value) as u64,
+                        _ => value & ty.mask(),
+                    };
+                    self.write(t, *d, value);
+                }
             }
             Op::St { space, ty, addr, a } => {
                 let bytes = (ty.bits() / 8).max(1) as usize;
-                let value = self.read(t, a, line)?.to_le_bytes();
+                let total = bytes * a.len();
+                let mut value = [0u8; 32];
+                for (k, a) in a.iter().enumerate() {
+                    value[k * bytes..(k + 1) * bytes]
+                        .copy_from_slice(&self.read(t, a, line)?.to_le_bytes()[..bytes]);
+                }
+                let value = &value[..total];
                 match (space, addr) {
                     (Space::Shared, _) => {
-                        let at = self.shared_address(t, addr, bytes, line)?;
-                        self.record(t, pc, Space::Shared, at as u64, bytes);
-                        self.shared[at..at + bytes].copy_from_slice(&value[..bytes]);
+                        let at = self.shared_address(t, addr, total, line)?;
+                        self.record(t, pc, Space::Shared, at as u64, total);
+                        self.shared[at..at + total].copy_from_slice(value);
                     }
                     (Space::Global, Addr::Reg(r, offset)) => {
                         let (buffer, at) =
-                            self.global_access(t, pc, memory, (*r, *offset), bytes, "write")?;
-                        memory.allocations[buffer].1[at..at + bytes]
-                            .copy_from_slice(&value[..bytes]);
+                            self.global_access(t, pc, memory, (*r, *offset), total, "write")?;
+                        memory.allocations[buffer].1[at..at + total].copy_from_slice(value);
                     }
                     _ => {
                         return Err(ExecError::Invalid {
@@ -859,6 +871,41 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ExecError::Divergence { .. }), "{err}");
+    }
+
+    #[test]
+    fn vector_loads_and_stores_move_consecutive_elements() {
+        // Each thread copies its 16 bytes through shared memory with .v4 and .v2 accesses,
+        // swapping the halves of each 8-byte pair on the way back.
+        let body = "
+            .shared .align 16 .b8 buf[64];
+            ld.param.u64 %rd1, [out];
+            mov.u32 %r1, %tid.x;
+            mul.wide.u32 %rd2, %r1, 16;
+            add.s64 %rd3, %rd1, %rd2;
+            ld.global.nc.v4.u32 {%r2, %r3, %r4, %r5}, [%rd3];
+            mov.u64 %rd4, buf;
+            add.s64 %rd5, %rd4, %rd2;
+            st.shared.v4.u32 [%rd5], {%r2, %r3, %r4, %r5};
+            ld.shared.v2.u64 {%rd6, %rd7}, [%rd5];
+            st.global.v2.u64 [%rd3], {%rd7, %rd6};
+            ret;";
+        let mut memory = Memory::default();
+        let data: Vec<u8> = (0..64).collect();
+        let out = memory.upload(&data);
+        let k = kernel(body);
+        run(&k, &launch(4, out), &mut memory).unwrap();
+        let got = memory.download(out, 64).unwrap();
+        let want: Vec<u8> = data
+            .chunks(16)
+            .flat_map(|c| [&c[8..], &c[..8]].concat())
+            .collect();
+        assert_eq!(got, want);
+        // A 16-byte access must be 16-byte aligned.
+        let misaligned =
+            "ld.param.u64 %rd1, [out];\nld.global.v4.u32 {%r1, %r2, %r3, %r4}, [%rd1+8];\nret;";
+        let err = run(&kernel(misaligned), &launch(1, out), &mut memory).unwrap_err();
+        assert!(err.to_string().contains("misaligned 16-byte"), "{err}");
     }
 
     /// One thread runs `body` (which leaves its result in `%rd9`) and stores it: each
