@@ -925,6 +925,57 @@ fn split_kv_decoding_combines_the_chunks() {
     let device = Device::Cuda(d);
     common::serving::split_kv_decoding_matches(device, &[DType::F32], false);
     common::serving::split_kv_paged_decoding_matches(device);
+    // bf16 under the default selection: flash, which splits on its grid's third axis.
+    common::serving::split_kv_decoding_matches(device, &[DType::Bf16], true);
     let _no_flash = backends::attention::sdpa_kernel_scoped(&[SdpBackend::MemEfficient], false);
     common::serving::split_kv_decoding_matches(device, &[DType::Bf16], false);
+}
+
+/// Flash splits the keys of a batched decoding call too (each chunk a slice of the grid),
+/// on tensors whose rows start 16-byte aligned (tiles copied 16 bytes at a time) and on
+/// views one element off (element by element).
+#[test]
+fn flash_splits_batched_decoding_on_aligned_and_unaligned_views() {
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    let (b, h, hk, lk, dim) = (3, 4, 2, 1500, 128);
+    for shift in [0, 1] {
+        // Each operand a view `shift` elements into a flat buffer.
+        let held = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let values = random(n + shift);
+            let flat = Tensor::from_f64(&values, &[n + shift], DType::Bf16, device).unwrap();
+            let view = flat.narrow(0, shift, n).unwrap().reshape(shape).unwrap();
+            let rounded = flat.to_f64().unwrap()[shift..].to_vec();
+            (view, rounded)
+        };
+        let (q, qh) = held(&[b, h, 1, dim]);
+        let (k, kh) = held(&[b, hk, lk, dim]);
+        let (v, vh) = held(&[b, hk, lk, dim]);
+        assert_eq!(q.offset(), shift);
+        let options = SdpaOptions {
+            enable_gqa: true,
+            ..Default::default()
+        };
+        let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+        let capture = backends::TraceCapture::start();
+        let out = sdpa(&q, &k, &v, &options).unwrap();
+        let lines = capture.take();
+        assert_eq!(out.backend, SdpBackend::Flash);
+        assert!(
+            lines.iter().any(|l| l.contains("(split-KV)")),
+            "shift {shift}: {lines:?}"
+        );
+        let want = attention_reference(
+            &qh,
+            &kh,
+            &vh,
+            [b, h, hk, 1, lk, dim, dim],
+            1.0 / (dim as f64).sqrt(),
+            None,
+            &|_, _, _, _| 0.0,
+        );
+        let err = rel_err(&out.output.to_f64().unwrap(), &want);
+        assert!(err < 1e-2, "shift {shift}: {err}");
+    }
 }

@@ -190,13 +190,13 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         Family::Gemm => [n(B64, 3), n(B32, 6), n(B64, 8)].concat(),
         // partials, C; M, N, batch, splits; c_batch, c_row.
         Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
-        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; lo, hi, lower_right; 12 strides; dropout_p,
-        // seed.
+        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; lo, hi, lower_right, split_len; 12
+        // strides, o_z, lse_z; dropout_p, seed.
         Family::FlashFwd => [
             n(B64, 5),
             n(B32, 4),
-            vec![F32, B32, B32, B32],
-            n(B64, 12),
+            vec![F32, B32, B32, B32, B32],
+            n(B64, 14),
             vec![F64, B64],
         ]
         .concat(),

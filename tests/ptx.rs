@@ -410,6 +410,8 @@ fn run_attention(
         params.extend([h, hk, lq, lk].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
         params.extend(band_words);
+        // One chunk of keys (no split-KV).
+        params.push(int(lk));
     } else {
         params.extend([ptr(mask_at), ptr(o_at), ptr(lse_at)]);
         params.extend([h, hk, lq, lk, d].map(int));
@@ -421,6 +423,10 @@ fn run_attention(
     params.extend(strides(hk, lk));
     params.extend(strides(hk, lk));
     params.extend(strides(h, lq));
+    if flash {
+        // The chunk strides of the output and log-sum-exp (unused with one chunk).
+        params.extend([0, 0].map(long));
+    }
     if !flash {
         // The mask's [B, H, Lq, Lk] strides: broadcast over batch and heads; a dense call
         // (no sequence table: the kernel reads none); the log-sum-exp [H, Lq].

@@ -80,6 +80,15 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// 16 bytes moved by one vector load and one vector store (both addresses 16-byte aligned).
+struct __align__(16) bytes16 { unsigned x, y, z, w; };
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+    *reinterpret_cast<bytes16*>(dst) = *reinterpret_cast<const bytes16*>(src);
+}
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return (reinterpret_cast<unsigned long long>(p) & 15) == 0;
+}
+
 // Whether dropout keeps attention weight `index` (its flat [B, H, Lq, Lk] index): the
 // host's stateless splitmix64 decision, so a seed drops the same weights on every device.
 __device__ __forceinline__ bool dropout_keep(unsigned long long seed, unsigned long long index, double p) {

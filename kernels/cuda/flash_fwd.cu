@@ -9,25 +9,75 @@
 //   BLOCK_N (keys per step, a multiple of 16), CAUSAL (1: a band, causal mask or sliding window:
 //   key j is visible to query i only when i + diag + lo <= j <= i + diag + hi, diag 0
 //   top-left aligned (`lower_right` 0) or Lk - Lq bottom-right)
-// Launch: grid (ceil(Lq / (16 * WARPS)), B * H), block 32 * WARPS.
+// Launch: grid (ceil(Lq / (16 * WARPS)), B * H, S), block 32 * WARPS.
 // Layout: q, k, v, o are [B, H(k), L, HEAD_DIM] with the last dimension contiguous and the
 // other strides given; key/value head = h / (H / Hk) (grouped-query attention).
+// Split-KV (decoding): block z of the S along the grid's z axis reads keys
+// [z * split_len, (z + 1) * split_len) only and writes its partial output at o + z * o_z and
+// its log-sum-exp at lse + z * lse_z, for the combine kernel (S = 1: split_len >= Lk).
+// Tiles are copied 16 bytes at a time when every row start is 16-byte aligned, else one
+// element at a time. Warps whose 16 query rows all lie past Lq skip the arithmetic.
 
 #define BLOCK_M (16 * WARPS)
+#define THREADS (32 * WARPS)
+
+// Elements c and c + 1 (c even) of row r of a tile in one 32-bit read, element c in the
+// low half.
+__device__ __forceinline__ unsigned pair(const unsigned short (*tile)[HEAD_DIM], int r, int c) {
+    return *reinterpret_cast<const unsigned*>(&tile[r][c]);
+}
+
+// The A fragment of query rows qr and qr + 8, head dims [d, d + 16).
+__device__ __forceinline__ void q_fragment(unsigned a[4], const unsigned short (*Qs)[HEAD_DIM], int qr,
+                                           int d, int t) {
+    a[0] = pair(Qs, qr, d + 2 * t);
+    a[1] = pair(Qs, qr + 8, d + 2 * t);
+    a[2] = pair(Qs, qr, d + 2 * t + 8);
+    a[3] = pair(Qs, qr + 8, d + 2 * t + 8);
+}
+
+// Copies rows [r0, r0 + ROWS) of a row-major slab (row stride ld) into dst, zeros from
+// row `rows` on.
+template <int ROWS, class T>
+__device__ __forceinline__ void load_tile(unsigned short (*dst)[HEAD_DIM], const T* src, long long ld,
+                                          int r0, int rows, bool vec, int tid) {
+    if (vec) {
+        constexpr int PER_ROW = HEAD_DIM / 8, COUNT = ROWS * PER_ROW;
+        // Four 16-byte loads in flight per thread: more would take the accumulators'
+        // registers.
+#pragma unroll 4
+        for (int i = 0; i < (COUNT + THREADS - 1) / THREADS; ++i) {
+            const int e = i * THREADS + tid;
+            if (COUNT % THREADS != 0 && e >= COUNT) break;
+            const int r = e / PER_ROW, c = e % PER_ROW * 8;
+            if (r0 + r < rows) {
+                copy16(&dst[r][c], src + (r0 + r) * ld + c);
+            } else {
+                *reinterpret_cast<bytes16*>(&dst[r][c]) = bytes16{0, 0, 0, 0};
+            }
+        }
+    } else {
+        for (int e = tid; e < ROWS * HEAD_DIM; e += THREADS) {
+            const int r = e / HEAD_DIM, c = e % HEAD_DIM;
+            dst[r][c] = r0 + r < rows ? src[(r0 + r) * ld + c].bits : 0;
+        }
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, float scale, int lo, int hi, int lower_right,
+    int H, int Hk, int Lq, int Lk, float scale, int lo, int hi, int lower_right, int split_len,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
     long long o_b, long long o_h, long long o_l,
+    long long o_z, long long lse_z,
     double dropout_p, unsigned long long seed)
 {
-    __shared__ unsigned short Qs[BLOCK_M][HEAD_DIM];
-    __shared__ unsigned short Ks[BLOCK_N][HEAD_DIM];
-    __shared__ unsigned short Vs[BLOCK_N][HEAD_DIM];
+    __shared__ __align__(16) unsigned short Qs[BLOCK_M][HEAD_DIM];
+    __shared__ __align__(16) unsigned short Ks[BLOCK_N][HEAD_DIM];
+    __shared__ __align__(16) unsigned short Vs[BLOCK_N][HEAD_DIM];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
@@ -36,14 +86,16 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     q += b * q_b + h * q_h;
     k += b * k_b + hk * k_h;
     v += b * v_b + hk * v_h;
-    o += b * o_b + h * o_h;
+    o += b * o_b + h * o_h + blockIdx.z * o_z;
+    lse += blockIdx.z * lse_z;
     const float scale_log2 = scale * 1.4426950408889634f;
     const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
+    const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && ((q_l | k_l | v_l) & 7) == 0;
+    // Whether any of this warp's 16 query rows exists (uniform across the warp).
+    const bool active = m0 + warp * 16 < Lq;
 
-    for (int e = tid; e < BLOCK_M * HEAD_DIM; e += 32 * WARPS) {
-        int r = e / HEAD_DIM, c = e % HEAD_DIM;
-        Qs[r][c] = (m0 + r < Lq) ? q[(m0 + r) * q_l + c].bits : 0;
-    }
+    // (Read after the key loop's first barrier.)
+    load_tile<BLOCK_M>(Qs, q, q_l, m0, Lq, vec, tid);
 
     float acc[HEAD_DIM / 8][4];
 #pragma unroll
@@ -53,25 +105,23 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     float row_max[2] = {NEG_INF, NEG_INF}, row_sum[2] = {0.f, 0.f};
     const int row0 = m0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
-    int k_start = 0, k_stop = Lk;
+    const int split_start = blockIdx.z * split_len;
+    int k_start = split_start, k_stop = min(Lk, split_start + split_len);
 #if CAUSAL
     // The band around the diagonal (lengths below 2^28, offsets within 2^29: the host
     // checks, so these sums fit in int).
     lo += lower_right ? Lk - Lq : 0;
     hi += lower_right ? Lk - Lq : 0;
     // The block's first row sees the earliest keys, its last row the latest.
-    k_start = max(0, m0 + lo) / BLOCK_N * BLOCK_N;
-    k_stop = max(0, min(Lk, m0 + BLOCK_M + hi));
+    k_start = max(k_start, max(0, m0 + lo) / BLOCK_N * BLOCK_N);
+    k_stop = max(0, min(k_stop, m0 + BLOCK_M + hi));
 #endif
     for (int kb = k_start; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
-        for (int e = tid; e < BLOCK_N * HEAD_DIM; e += 32 * WARPS) {
-            int r = e / HEAD_DIM, c = e % HEAD_DIM;
-            bool in = kb + r < Lk;
-            Ks[r][c] = in ? k[(kb + r) * k_l + c].bits : 0;
-            Vs[r][c] = in ? v[(kb + r) * v_l + c].bits : 0;
-        }
+        load_tile<BLOCK_N>(Ks, k, k_l, kb, k_stop, vec, tid);
+        load_tile<BLOCK_N>(Vs, v, v_l, kb, k_stop, vec, tid);
         __syncthreads();
+        if (!active) continue;
 
         float s[BLOCK_N / 8][4];
 #pragma unroll
@@ -80,18 +130,13 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
             for (int r = 0; r < 4; ++r) s[j][r] = 0.f;
 #pragma unroll
         for (int d = 0; d < HEAD_DIM; d += 16) {
-            const int qr = warp * 16 + g;
-            unsigned a[4] = {
-                pack2(Qs[qr][d + 2 * t], Qs[qr][d + 2 * t + 1]),
-                pack2(Qs[qr + 8][d + 2 * t], Qs[qr + 8][d + 2 * t + 1]),
-                pack2(Qs[qr][d + 2 * t + 8], Qs[qr][d + 2 * t + 9]),
-                pack2(Qs[qr + 8][d + 2 * t + 8], Qs[qr + 8][d + 2 * t + 9]),
-            };
+            unsigned a[4];
+            q_fragment(a, Qs, warp * 16 + g, d, t);
 #pragma unroll
             for (int j = 0; j < BLOCK_N / 8; ++j) {
                 unsigned bf[2] = {
-                    pack2(Ks[8 * j + g][d + 2 * t], Ks[8 * j + g][d + 2 * t + 1]),
-                    pack2(Ks[8 * j + g][d + 2 * t + 8], Ks[8 * j + g][d + 2 * t + 9]),
+                    pair(Ks, 8 * j + g, d + 2 * t),
+                    pair(Ks, 8 * j + g, d + 2 * t + 8),
                 };
                 mma_16(s[j], a, bf, T());
             }
@@ -103,7 +148,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const int key = kb + 8 * j + 2 * t + (r % 2);
-                bool hidden = key >= Lk;
+                bool hidden = key >= k_stop;
 #if CAUSAL
                 const int qi = row0 + (r / 2) * 8;
                 hidden = hidden || key > qi + hi || key < qi + lo;
@@ -183,3 +228,4 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
 }
 
 #undef BLOCK_M
+#undef THREADS

@@ -257,7 +257,12 @@ pub fn split_kv_decoding_matches(device: Device, dtypes: &[backends::DType], gqa
             let dims = [1, h, hk, lq, lk, d, d];
             let want = attention_reference(&qh, &kh, &vh, dims, scale, causal, &|_, _, _, _| 0.0);
             let err = rel_err(&out.output.to_f64().unwrap(), &want);
-            let bound = if dtype == DType::F32 { 1e-5 } else { 3e-3 };
+            // Flash rounds the weights to the 16-bit type for its tensor-core product.
+            let bound = match (dtype, out.backend) {
+                (DType::F32, _) => 1e-5,
+                (_, backends::attention::SdpBackend::Flash) => 1e-2,
+                _ => 3e-3,
+            };
             assert!(err < bound, "{what}: {err:e}");
             // The log-sum-exp of each row: log sum_j exp(q.k_j * scale) over its visible keys.
             let lse = out.lse.expect("a fused backend").to_f64().unwrap();

@@ -37,6 +37,29 @@ pub(super) fn fused(
     pinned: Option<&'static KernelEntry>,
     job: &Job,
 ) -> Result<SdpaOutput> {
+    launch(ordinal, backend, pinned, job, None)
+}
+
+/// Flash attention over `count` chunks of `chunk` keys side by side (split-KV, the grid's
+/// third axis): the partial outputs `[count, B · H · Lq · Dv]` and log-sum-exps
+/// `[count, B · H · Lq]`, for the combine kernel.
+pub(super) fn flash_chunks(
+    ordinal: usize,
+    job: &Job,
+    count: usize,
+    chunk: usize,
+) -> Result<SdpaOutput> {
+    launch(ordinal, SdpBackend::Flash, None, job, Some((count, chunk)))
+}
+
+/// [`fused`], or with `split = Some((count, chunk))` flash's split-KV form ([`flash_chunks`]).
+fn launch(
+    ordinal: usize,
+    backend: SdpBackend,
+    pinned: Option<&'static KernelEntry>,
+    job: &Job,
+    split: Option<(usize, usize)>,
+) -> Result<SdpaOutput> {
     let Job {
         query: q,
         key: k,
@@ -88,11 +111,27 @@ pub(super) fn fused(
     }
     let size = q.dtype().size();
     let rows = GpuRows::of(OP, job, [strides(q)?, strides(k)?, strides(v)?])?;
-    let out = CudaBuffer::zeroed(ordinal, out_shape.iter().product::<usize>() * size)?;
-    let lse = CudaBuffer::zeroed(ordinal, rows.lse_len * 4)?;
-    // The sequence table (one unread word for a dense call).
+    let out_len: usize = out_shape.iter().product();
+    let (count, split_len) = split.unwrap_or((1, s.lk));
+    let too_large = || Error::ShapeMismatch {
+        op: OP,
+        detail: format!("{count} key chunks of this call's output exceed the address space"),
+    };
+    let out_bytes = (out_len.checked_mul(count))
+        .and_then(|n| n.checked_mul(size))
+        .ok_or_else(too_large)?;
+    let lse_bytes = (rows.lse_len.checked_mul(count))
+        .and_then(|n| n.checked_mul(4))
+        .ok_or_else(too_large)?;
+    let out = CudaBuffer::zeroed(ordinal, out_bytes)?;
+    let lse = CudaBuffer::zeroed(ordinal, lse_bytes)?;
+    let flash = matches!(backend, SdpBackend::Flash);
+    // The sequence table of the memory-efficient kernels (one unread word for a dense
+    // call; flash takes dense calls only and no table).
     let seq_bytes: Vec<u8> = rows.seq.iter().flat_map(|w| w.to_le_bytes()).collect();
-    let seq = CudaBuffer::upload(ordinal, &seq_bytes)?;
+    let seq = (!flash)
+        .then(|| CudaBuffer::upload(ordinal, &seq_bytes))
+        .transpose()?;
     if s.lq > 0 && s.b * s.h > 0 {
         let views = [q, k, v].map(|t| {
             t.cuda_buffer()
@@ -115,9 +154,8 @@ pub(super) fn fused(
         let grid = (
             grid_dim(OP, s.lq.div_ceil(tile[0] as usize))?,
             grid_dim(OP, s.b * s.h)?,
-            1,
+            grid_dim(OP, count)?,
         );
-        let flash = matches!(backend, SdpBackend::Flash);
         if !flash {
             let mask_strides = o
                 .attn_mask
@@ -130,6 +168,10 @@ pub(super) fn fused(
                 .expect("a CUDA mask has a buffer")
                 .view(m.offset() * m.dtype().size())
         });
+        let seq_view = seq.as_ref().map(|seq| seq.view(0));
+        // Flash's split-KV words: keys per chunk, then the chunks' output and lse strides.
+        let split_len = int_arg(OP, split_len)?;
+        let chunk_strides = [out_len, rows.lse_len].map(long_arg);
         let mut args = kernel.args();
         args.ptr(&views[0]).ptr(&views[1]).ptr(&views[2]);
         if flash {
@@ -137,7 +179,11 @@ pub(super) fn fused(
             for x in &ints[..4] {
                 args.int(x);
             }
-            args.float(&scale).int(&lo).int(&hi).int(&lower_right);
+            args.float(&scale)
+                .int(&lo)
+                .int(&hi)
+                .int(&lower_right)
+                .int(&split_len);
         } else {
             args.ptr(&mask_view).ptr(&out_view).ptr(&lse_view);
             for x in &ints {
@@ -152,15 +198,17 @@ pub(super) fn fused(
         for x in &all_strides {
             args.long(x);
         }
-        let seq_view = seq.view(0);
+        if flash {
+            args.long(&chunk_strides[0]).long(&chunk_strides[1]);
+        }
         let sequence_words = rows
             .sequence_words()
             .map(|x| int_arg(OP, x))
             .into_iter()
             .collect::<Result<Vec<i32>>>()?;
         let lse_strides = rows.lse.map(long_arg);
-        if !flash {
-            args.ptr(&seq_view);
+        if let Some(seq_view) = &seq_view {
+            args.ptr(seq_view);
             for x in &sequence_words {
                 args.int(x);
             }
@@ -172,15 +220,20 @@ pub(super) fn fused(
         args.double(&o.dropout_p).ulong(&key);
         // SAFETY: the arguments follow the kernel's parameter list (flash_fwd.cu or
         // mem_eff_fwd.cu); q, k, v and the mask are the tensors' own views and hold every
-        // element their strides reach; o and lse were allocated above for B x H x Lq rows.
+        // element their strides reach; o and lse were allocated above for B x H x Lq rows
+        // (times the chunks of a split call, each at its chunk stride).
         unsafe { kernel.launch(args, grid) }?;
     }
+    let (out_shape, lse_shape) = match split {
+        None => (out_shape.to_vec(), job.lse_shape()),
+        Some(_) => (vec![count, out_len], vec![count, rows.lse_len]),
+    };
     Ok(output(
         ordinal,
         backend,
         q.dtype(),
-        out_shape,
-        &job.lse_shape(),
+        &out_shape,
+        &lse_shape,
         out,
         lse,
     ))

@@ -2,16 +2,17 @@
 //! device few workgroups (decoding: B·H·⌈Lq / rows per workgroup⌉ small) against many keys
 //! runs as S chunks of keys computed side by side — one packed varlen call of the same
 //! backend's kernel in which each chunk is a sequence with its own copy of the query rows and its own
-//! run of keys (read in place through a view) — after which the generated combine kernel
+//! run of keys (read in place through a view); CUDA's flash kernel instead takes the chunks
+//! on its grid's third axis, for any batch — after which the generated combine kernel
 //! merges the chunks' partial outputs by their log-sum-exps. The trace says so.
 //!
 //! A paged decoding call (`sdpa_paged`) splits the same way: each sequence's keys become
 //! chunks of whole blocks, each chunk a sequence of the paged call reading its slice of the
 //! block table.
 //!
-//! It serves dense calls of batch 1 and paged calls whose every query sees every key: no
-//! mask, no dropout, no window, not causal (or causal lower-right with one query row, which
-//! hides nothing).
+//! It serves dense calls (of batch 1, but for CUDA's flash) and paged calls whose every
+//! query sees every key: no mask, no dropout, no window, not causal (or causal lower-right
+//! with one query row, which hides nothing).
 
 use super::{Job, SdpaOptions, SdpaOutput, Sequences};
 use crate::core::sdp::{CausalVariant, SdpBackend, Window};
@@ -29,6 +30,10 @@ const OP: &str = "split-KV scaled_dot_product_attention";
 /// Workgroups that keep a GPU busy (an H200 has 132 SMs).
 const BUSY: usize = 128;
 
+/// Blocks of CUDA's flash kernel one multiprocessor runs at once (their registers, about
+/// 240 per thread of 128, fill a 64K-register SM twice).
+const FLASH_BLOCKS_PER_SM: usize = 2;
+
 /// Query rows one workgroup of the memory-efficient kernels covers, at most.
 const ROWS_PER_GROUP: usize = 32;
 
@@ -37,8 +42,8 @@ const MIN_CHUNK: usize = 256;
 
 /// How many chunks `job`'s keys are split into on `device` by `backend` (1: not split). The
 /// chunks are sequences of a packed or paged call, which the memory-efficient kernels read
-/// on both GPUs and the flash kernel reads on wgpu (CUDA's flash kernel takes dense calls
-/// only).
+/// on both GPUs and the flash kernel reads on wgpu; CUDA's flash kernel splits dense calls
+/// itself (it takes no packed or paged ones).
 pub(super) fn chunks(job: &Job, device: Device, backend: SdpBackend) -> usize {
     let s = &job.shape;
     let o = job.options;
@@ -46,27 +51,37 @@ pub(super) fn chunks(job: &Job, device: Device, backend: SdpBackend) -> usize {
         && o.dropout_p == 0.0
         && o.window == Window::UNBOUNDED
         && (!o.is_causal || (o.causal_variant == CausalVariant::LowerRight && s.lq == 1));
-    let reads_chunks = matches!(
-        (device, backend),
-        (
-            Device::Wgpu(_),
-            SdpBackend::Flash | SdpBackend::MemEfficient
-        ) | (Device::Cuda(_), SdpBackend::MemEfficient)
-    );
+    let cuda_flash = matches!((device, backend), (Device::Cuda(_), SdpBackend::Flash));
+    let reads_chunks = cuda_flash
+        || matches!(
+            (device, backend),
+            (
+                Device::Wgpu(_),
+                SdpBackend::Flash | SdpBackend::MemEfficient
+            ) | (Device::Cuda(_), SdpBackend::MemEfficient)
+        );
     // Chunks are a whole number of cache blocks when the keys are paged.
     let unit = match job.seqs {
-        None if s.b == 1 => 1,
-        Some(Sequences::Paged { block, .. }) => block.max(1),
+        None if s.b == 1 || cuda_flash => 1,
+        Some(Sequences::Paged { block, .. }) if !cuda_flash => block.max(1),
         _ => return 1,
     };
     if !reads_chunks || !every_key_seen {
         return 1;
     }
+    let busy = match device {
+        Device::Cuda(ordinal) if cuda_flash => crate::runtime::cuda::get_device_properties(ordinal)
+            .map_or(BUSY, |p| {
+                (p.multi_processor_count as usize * FLASH_BLOCKS_PER_SM).max(BUSY)
+            }),
+        _ => BUSY,
+    };
     let groups = s.b * s.h * s.lq.div_ceil(ROWS_PER_GROUP);
-    if groups == 0 || groups >= BUSY {
+    if groups == 0 || groups >= busy {
         return 1;
     }
-    let wanted = BUSY.div_ceil(groups).min(s.lk / MIN_CHUNK);
+    // Whole waves of chunks: a split that adds a partial wave gains nothing.
+    let wanted = (busy / groups).min(s.lk / MIN_CHUNK);
     if wanted < 2 {
         return 1;
     }
@@ -110,21 +125,39 @@ pub(super) fn run(
         Device::Cuda(ordinal) => super::cuda::fused(ordinal, backend, None, partial_job),
         Device::Cpu => unreachable!("the CPU splits keys in its own kernels"),
     };
-    let partial = match job.seqs {
-        None => dense_chunks(job, &options, count, chunk, fused)?,
-        Some(Sequences::Paged {
-            table,
-            per_seq,
-            block,
-            lens,
-        }) => paged_chunks(
+    let partial = match (device, job.seqs) {
+        (Device::Cuda(ordinal), None) if backend == SdpBackend::Flash => {
+            // Outputs [count, B, H, Lq, Dv], log-sum-exps [count, B, H, Lq].
+            let s = job.shape;
+            let flash_job = Job::new([job.query, job.key, job.value], &options, s, None)?;
+            Partial {
+                result: super::cuda::flash_chunks(ordinal, &flash_job, count, chunk)?,
+                out_strides: [
+                    s.h * s.lq * s.dv,
+                    s.b * s.h * s.lq * s.dv,
+                    s.lq * s.dv,
+                    s.dv,
+                ],
+                lse_strides: [s.h * s.lq, s.b * s.h * s.lq, s.lq, 1],
+            }
+        }
+        (_, None) => dense_chunks(job, &options, count, chunk, fused)?,
+        (
+            _,
+            Some(Sequences::Paged {
+                table,
+                per_seq,
+                block,
+                lens,
+            }),
+        ) => paged_chunks(
             job,
             &options,
             (count, chunk),
             (table, per_seq, block, lens),
             fused,
         )?,
-        Some(Sequences::Packed { .. }) => unreachable!("packed calls are not split"),
+        (_, Some(Sequences::Packed { .. })) => unreachable!("packed calls are not split"),
     };
     let (output, lse) = combine(device, job, count, &partial)?;
     Ok(SdpaOutput {

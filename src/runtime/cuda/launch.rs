@@ -2,7 +2,8 @@
 //! device's compute capability), its arguments checked against the parameter list read
 //! from its PTX before every launch, and the conversions of sizes into kernel arguments.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchArgs, LaunchConfig, PushKernelArg};
 
@@ -103,6 +104,32 @@ impl<'a> Args<'a> {
     }
 }
 
+/// The parameter list of `entry` in the PTX for `sm`, read from the text once per kernel
+/// and architecture (a family's PTX runs to megabytes: scanning it on every launch cost
+/// more than a decoding step).
+fn params_of(entry: &'static KernelEntry, sm: u32) -> Result<Vec<PtxParam>> {
+    type Cache = Mutex<HashMap<(&'static str, u32), Vec<PtxParam>>>;
+    static PARAMS: LazyLock<Cache> = LazyLock::new(Default::default);
+    if let Some(params) = PARAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&(entry.name, sm))
+    {
+        return Ok(params.clone());
+    }
+    let family = entry.key.family();
+    let ptx = kernels::ptx_for(family, sm)?;
+    let params = kernels::ptx_params(&ptx, entry.name).ok_or_else(|| Error::Driver {
+        call: "reading the kernel's parameters",
+        detail: format!("the PTX of {family} has no readable entry {}", entry.name),
+    })?;
+    PARAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert((entry.name, sm), params.clone());
+    Ok(params)
+}
+
 impl Kernel {
     /// The kernel serving `key` on device `ordinal`, checked against the device's compute
     /// capability.
@@ -126,15 +153,7 @@ impl Kernel {
             });
         }
         let device = CudaDevice::get(ordinal)?;
-        let ptx = kernels::ptx_for(key.family(), major * 10 + minor)?;
-        let params = kernels::ptx_params(&ptx, entry.name).ok_or_else(|| Error::Driver {
-            call: "reading the kernel's parameters",
-            detail: format!(
-                "the PTX of {} has no readable entry {}",
-                key.family(),
-                entry.name
-            ),
-        })?;
+        let params = params_of(entry, major * 10 + minor)?;
         let code = match device.interpreter() {
             Some(interpreter) => Code::Interpreted(
                 device,
