@@ -135,6 +135,46 @@ fn attention(
     Ok((flops / seconds / 1e12, rel_err(&got, &want)))
 }
 
+/// One decoding step in bf16 under the default selection: q `[b, 32, 1, 128]` against a
+/// `[b, 32, lk, 128]` cache: throughput, and the error on a `[1, 2, 1, 128]` query against 512 keys.
+fn decode(b: usize, lk: usize) -> backends::Result<(f64, f64)> {
+    let (h, d) = (32, 128);
+    let device = Device::Cuda(0);
+    let options = SdpaOptions::default();
+    let on = |shape: &[usize], seed| {
+        Tensor::from_f64(
+            &values(shape.iter().product(), seed),
+            shape,
+            DType::Bf16,
+            device,
+        )
+    };
+    let (q, k, v) = (
+        on(&[b, h, 1, d], 11)?,
+        on(&[b, h, lk, d], 12)?,
+        on(&[b, h, lk, d], 13)?,
+    );
+    let seconds = median(20, || sdpa(&q, &k, &v, &options).map(drop))?;
+    let (q, k, v) = (
+        on(&[1, 2, 1, d], 14)?,
+        on(&[1, 2, 512, d], 15)?,
+        on(&[1, 2, 512, d], 16)?,
+    );
+    let got = sdpa(&q, &k, &v, &options)?.output.to_f64()?;
+    // The reference takes square [heads, l, d] blocks: widen q to 512 rows of which row 0 counts.
+    let (qh, kh, vh) = (q.to_f64()?, k.to_f64()?, v.to_f64()?);
+    let mut q_rows = vec![0.0; 2 * 512 * d];
+    for head in 0..2 {
+        q_rows[head * 512 * d..head * 512 * d + d].copy_from_slice(&qh[head * d..(head + 1) * d]);
+    }
+    let full = attention_reference(&q_rows, &kh, &vh, 2, 512, d, false);
+    let want: Vec<f64> = (0..2)
+        .flat_map(|head| full[head * 512 * d..head * 512 * d + d].to_vec())
+        .collect();
+    let flops = 4.0 * (b * h * lk * d) as f64;
+    Ok((flops / seconds / 1e12, rel_err(&got, &want)))
+}
+
 fn main() -> backends::Result<()> {
     if cuda::device_count() == 0 {
         eprintln!(
@@ -179,6 +219,12 @@ fn main() -> backends::Result<()> {
                 }
             }
         }
+    }
+    for (b, lk) in [(1, 8192), (8, 8192)] {
+        print(
+            format!("SDPA decode bf16 b{b} h32 d128 Lk{lk}"),
+            decode(b, lk),
+        );
     }
     Ok(())
 }

@@ -7,7 +7,9 @@
 #       builds the release `backends` binary and CUDA test binaries into .device/bin as a
 #       fallback for a machine without a Rust toolchain. .device/ is git-ignored.
 #   there:               scripts/device-check.sh run
-#       carry list of the device call: [".device"]
+#       carry list of the device call: [".device/bin"] (the binaries, xz-compressed: ~10 MB;
+#       add ".device/vendor.tar.gz" only where the device machine has cargo; together they
+#       pass the call's 64 MiB limit when the binaries travel uncompressed)
 #       builds offline from the vendored crates when cargo is there (else uses .device/bin),
 #       runs the CUDA tests (every generated module loads and exposes its kernels on the
 #       GPU; PTX assembled for the GPU's arch; device memory, GEMM under each precision flag,
@@ -29,8 +31,8 @@ dev="$root/.device"
 
 prepare() {
   set -e
+  rm -rf "$dev/bin" "$dev/vendor" "$dev/vendor.tar.gz"
   mkdir -p "$dev/bin"
-  rm -rf "$dev/vendor" "$dev/vendor.tar.gz"
   cargo vendor -q --versioned-dirs "$dev/vendor" >/dev/null
   tar -C "$dev" -czf "$dev/vendor.tar.gz" vendor
   rm -rf "$dev/vendor"
@@ -46,6 +48,7 @@ for line in sys.stdin:
         print(m["executable"])' \
     | while read -r exe; do cp "$exe" "$dev/bin/test-cuda"; done
   strip "$dev/bin/"* 2>/dev/null || true
+  xz -T0 -f "$dev/bin/"*
   du -sh "$dev"/* && du -sh "$dev"
 }
 
@@ -76,6 +79,20 @@ print(":".join(sorted(dirs)))
 PY
 )
   [ -n "$libs" ] && export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" && echo "vendor libraries: $libs"
+  # cudarc (built for CUDA 12) asks for `libcublas.so`, `libcublas.so.12`, ...; CUDA 13's
+  # wheels ship `libcublas.so.13` alone: give each versioned library its plain name too.
+  local shim=/tmp/backends-libs
+  rm -rf "$shim" && mkdir -p "$shim"
+  local dir file plain
+  for dir in ${libs//:/ }; do
+    for file in "$dir"/lib*.so.*; do
+      [ -e "$file" ] || continue
+      plain="${file##*/}"; plain="${plain%%.so.*}.so"
+      [ -e "$dir/$plain" ] || [ -e "$shim/$plain" ] || ln -s "$file" "$shim/$plain"
+    done
+  done
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$shim"
+  echo "plain names for: $(ls "$shim" | tr '\n' ' ')"
   local backends_bin test_cuda speed_bin
   if command -v cargo >/dev/null && [ -f "$dev/vendor.tar.gz" ]; then
     echo "== building offline from the vendored crates"
@@ -95,9 +112,17 @@ PY
     echo "== no cargo here: using the prebuilt binaries in .device/bin"
   fi
   if [ -z "${backends_bin:-}" ]; then
-    backends_bin="$dev/bin/backends"
-    speed_bin="$dev/bin/cuda_speed"
-    test_cuda="$dev/bin/test-cuda"
+    local bin=/tmp/backends-bin file
+    mkdir -p "$bin"
+    for file in "$dev"/bin/*.xz; do
+      [ -e "$file" ] || continue
+      python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$file" "$bin/$(basename "$file" .xz)"
+      chmod +x "$bin/$(basename "$file" .xz)"
+    done
+    backends_bin="$bin/backends"
+    speed_bin="$bin/cuda_speed"
+    test_cuda="$bin/test-cuda"
     if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no prebuilt CUDA tests: run prepare"; fi
   fi
   echo "== backends (report and self-checks)"
@@ -160,6 +185,15 @@ for backend, bname in [(SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICI
                 flops = 4 * 2 * 16 * l * l * d / (2 if causal else 1)
                 err = rel(out, reference(q[:, :2], k[:, :2], v[:, :2], causal))
                 rows.append((name, flops / t / 1e12, err))
+
+for b in (1, 8):
+    name = f"SDPA decode bf16 b{b} h32 d128 Lk8192"
+    q = torch.randn(b, 32, 1, 128, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, 32, 8192, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    t = timed(lambda: F.scaled_dot_product_attention(q, k, v), reps=50)
+    qs, ks, vs = q[:1, :2], k[:1, :2, :512], v[:1, :2, :512]
+    err = rel(F.scaled_dot_product_attention(qs, ks, vs), (qs.double() @ ks.double().transpose(-1, -2) / 128 ** 0.5).softmax(-1) @ vs.double())
+    rows.append((name, 4 * b * 32 * 8192 * 128 / t / 1e12, err))
 
 import os
 ours = {}
