@@ -103,6 +103,12 @@ fn attention_reference(
     out
 }
 
+/// A bf16 tensor of `shape` on device 0, filled from `values(_, seed)`.
+fn on(shape: &[usize], seed: u64) -> backends::Result<Tensor> {
+    let n = shape.iter().product();
+    Tensor::from_f64(&values(n, seed), shape, DType::Bf16, Device::Cuda(0))
+}
+
 /// `backend` in bf16 on [2, 16, l, d]: throughput, and the error on [1, 2, 512, d].
 fn attention(
     backend: SdpBackend,
@@ -111,18 +117,9 @@ fn attention(
     causal: bool,
 ) -> backends::Result<(f64, f64)> {
     let _only = sdpa_kernel(&[backend], false);
-    let device = Device::Cuda(0);
     let options = SdpaOptions {
         is_causal: causal,
         ..Default::default()
-    };
-    let on = |shape: &[usize], seed| {
-        Tensor::from_f64(
-            &values(shape.iter().product(), seed),
-            shape,
-            DType::Bf16,
-            device,
-        )
     };
     let shape = [2, 16, l, d];
     let (q, k, v) = (on(&shape, 5)?, on(&shape, 6)?, on(&shape, 7)?);
@@ -139,16 +136,7 @@ fn attention(
 /// `[b, 32, lk, 128]` cache: throughput, and the error on a `[1, 2, 1, 128]` query against 512 keys.
 fn decode(b: usize, lk: usize) -> backends::Result<(f64, f64)> {
     let (h, d) = (32, 128);
-    let device = Device::Cuda(0);
     let options = SdpaOptions::default();
-    let on = |shape: &[usize], seed| {
-        Tensor::from_f64(
-            &values(shape.iter().product(), seed),
-            shape,
-            DType::Bf16,
-            device,
-        )
-    };
     let (q, k, v) = (
         on(&[b, h, 1, d], 11)?,
         on(&[b, h, lk, d], 12)?,

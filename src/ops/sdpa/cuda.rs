@@ -128,9 +128,11 @@ fn launch(
     let flash = matches!(backend, SdpBackend::Flash);
     // The sequence table of the memory-efficient kernels (one unread word for a dense
     // call; flash takes dense calls only and no table).
-    let seq_bytes: Vec<u8> = rows.seq.iter().flat_map(|w| w.to_le_bytes()).collect();
     let seq = (!flash)
-        .then(|| CudaBuffer::upload(ordinal, &seq_bytes))
+        .then(|| {
+            let seq_bytes: Vec<u8> = rows.seq.iter().flat_map(|w| w.to_le_bytes()).collect();
+            CudaBuffer::upload(ordinal, &seq_bytes)
+        })
         .transpose()?;
     if s.lq > 0 && s.b * s.h > 0 {
         let views = [q, k, v].map(|t| {

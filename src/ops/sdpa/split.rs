@@ -52,14 +52,8 @@ pub(super) fn chunks(job: &Job, device: Device, backend: SdpBackend) -> usize {
         && o.window == Window::UNBOUNDED
         && (!o.is_causal || (o.causal_variant == CausalVariant::LowerRight && s.lq == 1));
     let cuda_flash = matches!((device, backend), (Device::Cuda(_), SdpBackend::Flash));
-    let reads_chunks = cuda_flash
-        || matches!(
-            (device, backend),
-            (
-                Device::Wgpu(_),
-                SdpBackend::Flash | SdpBackend::MemEfficient
-            ) | (Device::Cuda(_), SdpBackend::MemEfficient)
-        );
+    let reads_chunks = matches!(device, Device::Wgpu(_) | Device::Cuda(_))
+        && matches!(backend, SdpBackend::Flash | SdpBackend::MemEfficient);
     // Chunks are a whole number of cache blocks when the keys are paged.
     let unit = match job.seqs {
         None if s.b == 1 || cuda_flash => 1,
