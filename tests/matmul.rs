@@ -212,9 +212,12 @@ fn few_rows_against_a_plain_or_transposed_weight() {
         (7, 300, 50),
         (8, 1000, 333),
         (2, 2000, 2100),
-        // Up to 32 rows against an f32 weight used as W.t(); the packed path otherwise.
+        // Up to 32 rows against an f32 weight used as W.t() or any bf16 B with bf16 dot
+        // products; the packed path otherwise.
         (13, 517, 70),
         (32, 300, 200),
+        // Groups of 8 rows over several blocks of K, an odd K and a masked last tile.
+        (20, 130, 301),
     ] {
         let (a, w) = (random(m * k), random(n * k));
         // w is the weight [n, k]; `plain` holds its transpose [k, n] as a plain matrix.
@@ -245,7 +248,14 @@ fn few_rows_against_a_plain_or_transposed_weight() {
                     backends::cpu::get_cpu_capability(),
                     backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
                 ) {
-                    let skinny = m <= 8 || (dtype == DType::F32 && name == "transposed");
+                    // bf16 takes up to 32 rows in either layout where it runs as dot
+                    // products (as the packed GEMM's kernel choice: AVX-512 and faster).
+                    let bf16_dots = backends::cpu::get_cpu_capability()
+                        == backends::cpu::CpuCapability::Avx512
+                        && backends::cpu::bf16_dot_speedup().is_some_and(|s| s > 1.5);
+                    let skinny = m <= 8
+                        || (dtype == DType::F32 && name == "transposed")
+                        || (dtype == DType::Bf16 && bf16_dots);
                     assert_eq!(
                         lines.iter().any(|l| l.contains("skinny")),
                         skinny,

@@ -78,6 +78,11 @@ pub(super) fn pack_a<T: Element>(
                 (6, false, Rounding::None) => {
                     interleave::<T, 6>(rows[..6].try_into().expect("six rows"), panel)
                 }
+                // bf16 data in pairs: two neighbours along K already are one packed word.
+                (6, true, _) if T::DTYPE == DType::Bf16 => {
+                    let rows: [&[T]; 6] = rows[..6].try_into().expect("six rows");
+                    interleave_words(rows.map(bytemuck::cast_slice::<T, u16>), panel)
+                }
                 _ => {
                     for (step, dst) in panel.chunks_exact_mut(mr).enumerate() {
                         let k = step * stride;
@@ -115,6 +120,26 @@ pub(super) fn interleave<T: Element, const MR: usize>(rows: [&[T]; MR], panel: &
     for (step, dst) in panel.chunks_exact_mut(MR).enumerate() {
         for (slot, row) in dst.iter_mut().zip(rows) {
             *slot = row[step].to_f32();
+        }
+    }
+}
+
+/// Writes `MR` equally long rows of bf16 bits into `panel` as pairs, step by step:
+/// `panel[step][row]` holds the row's values `2 step` (low half) and `2 step + 1` (high
+/// half, zero past the row's end).
+#[inline(always)]
+fn interleave_words<const MR: usize>(rows: [&[u16]; MR], panel: &mut [f32]) {
+    let whole = rows[0].len() / 2;
+    let (body, tail) = panel.split_at_mut(whole * MR);
+    for (step, dst) in body.chunks_exact_mut(MR).enumerate() {
+        for (slot, row) in dst.iter_mut().zip(rows) {
+            let word = u32::from(row[2 * step]) | u32::from(row[2 * step + 1]) << 16;
+            *slot = f32::from_bits(word);
+        }
+    }
+    if let Some(dst) = tail.chunks_exact_mut(MR).next() {
+        for (slot, row) in dst.iter_mut().zip(rows) {
+            *slot = f32::from_bits(u32::from(row[2 * whole]));
         }
     }
 }

@@ -5,7 +5,11 @@
 //! row by row into the rows of C, kept in L1 (`c[i, :] += a[i, k] · b[k, :]`); a transposed
 //! one (`W.t()` of a row-major `[N, K]` weight) gives each output a dot product over a
 //! contiguous row of W. Columns of C are split among the threads; every output is summed
-//! by one thread in a fixed order, so results do not depend on the thread count.
+//! by one thread in a fixed order, so results do not depend on the thread count. bf16 data
+//! runs as AVX512-BF16 dot products where the packed GEMM's kernel does (`pairs.rs`), else
+//! widened to f32.
+
+mod pairs;
 
 use half::bf16;
 
@@ -16,15 +20,16 @@ use crate::kernels::simd::{Load, Vector};
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 use std::arch::x86_64::{__m256, __m512};
 
-/// The most rows of A this path takes: a row-major B streamed into C's rows stores C once
+/// The most rows of A this path takes (but for [`MAX_PAIR_OR_DOT_ROWS`]): a row-major B streamed into C's rows stores C once
 /// per row of B, which past 8 rows costs more than packing B (m = 16, 32: 0.2x PyTorch,
 /// against 0.5x packed); bf16 weights are widened again for every group of rows.
 const MAX_ROWS: usize = 8;
-/// The most rows of A against an f32 weight read as dot products (`x @ W.t()`): each
-/// group of rows reuses the weight rows from L2, which stays ahead of packing B up to 32
-/// rows ([32, 4096] x [4096, 4096]: 0.73x PyTorch, packed 0.51x; x [4096, 11008]: 0.88x
-/// against 0.56x, on a 2-core Xeon).
-const MAX_DOT_ROWS: usize = 32;
+/// The most rows of A against an f32 weight read as dot products (`x @ W.t()`), or against
+/// any bf16 B with bf16 dot products ([`pairs`]): each group of rows reuses the weight rows
+/// from L1 or L2, which stays ahead of packing B up to 32 rows (f32 `[32, 4096] x [4096,
+/// 4096]`: 0.73x PyTorch, packed 0.51x; x `[4096, 11008]`: 0.88x against 0.56x, on a 2-core
+/// Xeon).
+const MAX_PAIR_OR_DOT_ROWS: usize = 32;
 /// Rows of A a dot-product pass holds in registers (with `NB` outputs each).
 const ROW_GROUP: usize = 4;
 /// Floats of C the row-streaming pass keeps in L1 while it streams B: the thread's columns
@@ -45,15 +50,21 @@ pub(crate) fn kernel<T: Element>(
     let layout_ok = cs == 1 || rs == 1;
     let rows_layout = streams_rows(rs, cs, n);
     let dtype_ok = matches!(T::DTYPE, DType::F32 | DType::Bf16);
-    let max_rows = if rows_layout || T::DTYPE != DType::F32 {
-        MAX_ROWS
+    let max_rows = if bf16_pairs::<T>() || (T::DTYPE == DType::F32 && !rows_layout) {
+        MAX_PAIR_OR_DOT_ROWS
     } else {
-        MAX_DOT_ROWS
+        MAX_ROWS
     };
     if m == 0 || m > max_rows || rounding != Rounding::None || !layout_ok || !dtype_ok {
         return None;
     }
-    if Avx512Token::get().is_some() {
+    if bf16_pairs::<T>() {
+        Some(if rows_layout {
+            "skinny_rows_avx512_bf16"
+        } else {
+            "skinny_dots_avx512_bf16"
+        })
+    } else if Avx512Token::get().is_some() {
         Some(if rows_layout {
             "skinny_rows_avx512"
         } else {
@@ -68,6 +79,12 @@ pub(crate) fn kernel<T: Element>(
     } else {
         None
     }
+}
+
+/// Whether `T` is bf16 and runs as bf16 dot products ([`pairs`]): where the packed GEMM's
+/// bf16 kernel does (AVX512-BF16 in force and faster than f32 FMAs).
+fn bf16_pairs<T: Element>() -> bool {
+    T::DTYPE == DType::Bf16 && crate::kernels::dispatch::cpu_kernels().gemm_bf16.pairs
 }
 
 /// Whether a B of strides `(rs, cs)` and `n` columns is streamed by rows (row-major), else
@@ -87,11 +104,17 @@ pub(super) fn gemm<T: Element>(
     b: MatView<T>,
     threads: usize,
 ) {
-    // A's rows, contiguous in f32 (m·k values: small next to B).
-    let mut rows = vec![0f32; m * k];
-    for (i, row) in rows.chunks_exact_mut(k).enumerate() {
-        for (kk, x) in row.iter_mut().enumerate() {
-            *x = a.at(i, kk);
+    // A's rows, contiguous in f32 or as bf16 pairs (m·k values: small next to B).
+    let pairs = bf16_pairs::<T>();
+    let (mut rows, mut words) = (Vec::new(), Vec::new());
+    if pairs {
+        words = pairs::pair_rows(a, (m, k));
+    } else {
+        rows = vec![0f32; m * k];
+        for (i, row) in rows.chunks_exact_mut(k).enumerate() {
+            for (kk, x) in row.iter_mut().enumerate() {
+                *x = a.at(i, kk);
+            }
         }
     }
     let team = threads
@@ -110,7 +133,18 @@ pub(super) fn gemm<T: Element>(
         for range in (index..team).step_by(team_now) {
             let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
             let mut out = vec![0f32; m * (j1 - j0)];
-            if j1 > j0 {
+            if j1 > j0 && pairs {
+                let b = MatView {
+                    data: bytemuck::cast_slice::<T, bf16>(b.data),
+                    offset: b.offset,
+                    rs: b.rs,
+                    cs: b.cs,
+                };
+                assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
+                // SAFETY: `bf16_pairs` saw the packed GEMM's AVX512-BF16 kernel in force (the
+                // AVX-512 level and AVX512-BF16); B's elements are checked above.
+                unsafe { pairs::columns(&words, (m, k), b, (j0, j1), &mut out) };
+            } else if j1 > j0 {
                 columns(Share {
                     rows: &rows,
                     m,
@@ -219,7 +253,7 @@ unsafe fn body<V: Vector, E: Load, const NB: usize>(share: Share<E>) {
         out,
     } = share;
     let width = j1 - j0;
-    assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_DOT_ROWS);
+    assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_PAIR_OR_DOT_ROWS);
     // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
     assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
     let base = b.data.as_ptr().wrapping_add(b.offset);
