@@ -47,15 +47,19 @@ fn run<T: Element>(
     } else if g.is_pointwise() && g.groups == 1 {
         // The input [N, C, H·W] is the right side as it stands (no unfolding).
         let x = input.contiguous()?.view(&[n, g.channels, p])?;
-        let product = matmul(&w.view(&[o, kg])?, &x)?;
-        product.to_vec::<T>()?
+        matmul(&w.view(&[o, kg])?, &x)?.into_vec::<T>()?
     } else {
         let x = input.elements::<T>()?;
-        let mut out = host_zeros::<T>("conv2d", n * o * p)?;
         let per_image = g.groups * kg * p;
         let chunk = (UNFOLD_CHUNK / per_image.max(1)).clamp(1, n.max(1));
         let image_len = g.channels * g.input[0] * g.input[1];
-        for (first, results) in (0..n).step_by(chunk).zip(out.chunks_mut(chunk * o * p)) {
+        // One chunk's product is the output as it stands; several are copied into place.
+        let mut out = if chunk < n {
+            host_zeros::<T>("conv2d", n * o * p)?
+        } else {
+            Vec::new()
+        };
+        for first in (0..n).step_by(chunk) {
             let count = chunk.min(n - first);
             let mut cols = host_zeros::<T>("conv2d", count * per_image)?;
             unfold(&x[first * image_len..][..count * image_len], g, &mut cols);
@@ -71,7 +75,11 @@ fn run<T: Element>(
                 }
                 Tensor::from_vec(images.concat(), &[count, o, p], Device::Cpu)?
             };
-            results.copy_from_slice(&product.elements::<T>()?);
+            if chunk < n {
+                out[first * o * p..][..count * o * p].copy_from_slice(&product.elements::<T>()?);
+            } else {
+                out = product.into_vec::<T>()?;
+            }
         }
         out
     };
@@ -88,14 +96,14 @@ fn depthwise<T: Element, A>(
     input: &Tensor,
     weight: &Tensor,
     g: &Geometry,
-    widen: fn(T) -> A,
-    narrow: fn(A) -> T,
+    widen: impl Fn(T) -> A + Sync,
+    narrow: impl Fn(A) -> T + Sync,
 ) -> Result<Vec<T>>
 where
     A: Copy + Default + Send + Sync + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
 {
     let x = input.elements::<T>()?;
-    let weights: Vec<A> = weight.to_vec::<T>()?.into_iter().map(widen).collect();
+    let weights: Vec<A> = weight.to_vec::<T>()?.into_iter().map(&widen).collect();
     let (o, p) = (g.out_channels, g.pixels());
     let mut out = host_zeros::<T>("conv2d", g.batch * o * p)?;
     if p == 0 {
@@ -103,7 +111,6 @@ where
     }
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
-    let [oh, ow] = g.output;
     let multiplier = g.group_out_channels();
     let planes = g.batch * o;
     let per = planes.div_ceil(crate::get_num_threads().max(1)).max(1);
@@ -122,42 +129,88 @@ where
             for (s, &v) in source.iter_mut().zip(&x[input_plane * h * w..][..h * w]) {
                 *s = widen(v);
             }
-            acc.fill(A::default());
-            for ki in 0..kh {
-                for kj in 0..kw {
-                    let tap = weights[(channel * kh + ki) * kw + kj];
-                    let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
-                    let columns = inside(shift, g.stride[1], w, ow);
-                    if columns.is_empty() {
-                        continue; // (the tap reads padding only)
-                    }
-                    for y in 0..oh {
-                        let iy =
-                            (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
-                        let Some(iy) = iy.filter(|&iy| iy < h) else {
-                            continue;
-                        };
-                        let first = (columns.start * g.stride[1]).wrapping_add_signed(shift);
-                        let line = &source[iy * w + first..(iy + 1) * w];
-                        let sums = &mut acc[y * ow..][columns.clone()];
-                        if g.stride[1] == 1 {
-                            for (s, &v) in sums.iter_mut().zip(line) {
-                                *s = *s + tap * v;
-                            }
-                        } else {
-                            for (s, &v) in sums.iter_mut().zip(line.iter().step_by(g.stride[1])) {
-                                *s = *s + tap * v;
-                            }
-                        }
-                    }
-                }
-            }
+            let taps = &weights[channel * kh * kw..][..kh * kw];
+            accumulate_plane(&source, taps, g, &mut acc);
             for (o, &a) in plane_out.iter_mut().zip(&acc) {
                 *o = narrow(a);
             }
         }
     });
     Ok(out)
+}
+
+/// One depthwise output plane: `acc` (`H' x W'`) = the taps (`kH x kW`) over the input plane
+/// `source` (`H x W`), row by row so that each output row stays in L1 while its taps add
+/// shifted input rows to it; compiled for AVX-512 or AVX2 where the CPU level allows, so that
+/// the rows run on the widest vectors.
+fn accumulate_plane<A>(source: &[A], taps: &[A], g: &Geometry, acc: &mut [A])
+where
+    A: Copy + Default + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
+{
+    #[inline(always)]
+    fn body<A>(source: &[A], taps: &[A], g: &Geometry, acc: &mut [A])
+    where
+        A: Copy + Default + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
+    {
+        let [h, w] = g.input;
+        let [kh, kw] = g.kernel;
+        let [oh, ow] = g.output;
+        acc.fill(A::default());
+        for (y, sums_row) in acc.chunks_exact_mut(ow).enumerate().take(oh) {
+            for ki in 0..kh {
+                let iy = (y * g.stride[0] + ki * g.dilation[0]).checked_sub(g.pad_before[0]);
+                let Some(iy) = iy.filter(|&iy| iy < h) else {
+                    continue; // (the tap row reads padding only)
+                };
+                for kj in 0..kw {
+                    let tap = taps[ki * kw + kj];
+                    let shift = (kj * g.dilation[1]) as isize - g.pad_before[1] as isize;
+                    let columns = inside(shift, g.stride[1], w, ow);
+                    if columns.is_empty() {
+                        continue; // (the tap reads padding only)
+                    }
+                    let first = (columns.start * g.stride[1]).wrapping_add_signed(shift);
+                    let line = &source[iy * w + first..(iy + 1) * w];
+                    let sums = &mut sums_row[columns];
+                    if g.stride[1] == 1 {
+                        for (s, &v) in sums.iter_mut().zip(line) {
+                            *s = *s + tap * v;
+                        }
+                    } else {
+                        for (s, &v) in sums.iter_mut().zip(line.iter().step_by(g.stride[1])) {
+                            *s = *s + tap * v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+        unsafe fn avx512<A>(source: &[A], taps: &[A], g: &Geometry, acc: &mut [A])
+        where
+            A: Copy + Default + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
+        {
+            body(source, taps, g, acc)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<A>(source: &[A], taps: &[A], g: &Geometry, acc: &mut [A])
+        where
+            A: Copy + Default + std::ops::Add<Output = A> + std::ops::Mul<Output = A>,
+        {
+            body(source, taps, g, acc)
+        }
+        if crate::runtime::cpu::Avx512Token::get().is_some() {
+            // SAFETY: the token proves the AVX-512 level (F, BW, VL, DQ, FMA).
+            return unsafe { avx512(source, taps, g, acc) };
+        }
+        if crate::runtime::cpu::Avx2Token::get().is_some() {
+            // SAFETY: the token proves AVX2 and FMA.
+            return unsafe { avx2(source, taps, g, acc) };
+        }
+    }
+    body(source, taps, g, acc)
 }
 
 /// Adds `bias[c]` to each `pixels`-long row of channel `c` of `out` (`[N, O, pixels]`), in
