@@ -127,8 +127,9 @@ fn dft2(x: &[f64], h: usize, w: usize, inverse: bool) -> Vec<f64> {
 #[test]
 fn fft2_matches_row_then_column_dfts() {
     let _s = serial();
-    // One small matrix, and a batch large enough to be spread over the threads.
-    for [b, h, w] in [[1, 6, 10], [8, 64, 80]] {
+    // One small matrix, one whose rows and columns end in partial tiles and blocks of the
+    // column pass, and a batch large enough to be spread over the threads.
+    for [b, h, w] in [[1, 6, 10], [2, 13, 40], [8, 64, 80]] {
         let x = random(b * h * w * 2);
         let out = fft::fft2(&tensor(&x, &[b, h, w, 2]))
             .unwrap()

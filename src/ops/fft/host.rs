@@ -99,6 +99,10 @@ where
 /// slower on `fft2 [8, 256, 256]`).
 const COLUMN_BLOCK: usize = 32;
 
+/// Rows of a column block gathered (and scattered) together: 8 complex f32 are one cache
+/// line of the block.
+const TILE_ROWS: usize = 8;
+
 /// Runs `plan` (length `rows`) down every column of each `rows x cols` matrix of `data`:
 /// blocks of columns are gathered into contiguous lines, transformed and scattered back;
 /// the matrices are spread over the pool.
@@ -123,21 +127,23 @@ where
         };
         for c0 in (0..cols).step_by(COLUMN_BLOCK) {
             let width = COLUMN_BLOCK.min(cols - c0);
-            for r in 0..rows {
-                for (c, v) in matrix[r * cols + c0..r * cols + c0 + width]
-                    .iter()
-                    .enumerate()
-                {
-                    block[c * rows + r] = *v;
+            // In tiles of rows, so that each line of the block is written (and read back)
+            // a whole cache line at a time.
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let tile = r0..(r0 + TILE_ROWS).min(rows);
+                for c in 0..width {
+                    for r in tile.clone() {
+                        block[c * rows + r] = matrix[r * cols + c0 + c];
+                    }
                 }
             }
             plan.process_with_scratch(&mut block[..width * rows], &mut scratch);
-            for r in 0..rows {
-                for (c, v) in matrix[r * cols + c0..r * cols + c0 + width]
-                    .iter_mut()
-                    .enumerate()
-                {
-                    *v = block[c * rows + r];
+            for r0 in (0..rows).step_by(TILE_ROWS) {
+                let tile = r0..(r0 + TILE_ROWS).min(rows);
+                for c in 0..width {
+                    for r in tile.clone() {
+                        matrix[r * cols + c0 + c] = block[c * rows + r];
+                    }
                 }
             }
         }
