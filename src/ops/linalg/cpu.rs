@@ -2,6 +2,7 @@
 //! and writes its row-major results into the slices it is given (one batch element of the
 //! caller's outputs).
 
+use faer::linalg::lu::partial_pivoting;
 use faer::linalg::solvers::DenseSolveCore;
 use faer::{Mat, MatRef, Side};
 
@@ -15,14 +16,17 @@ impl Real for f64 {}
 
 /// Writes `m` row-major into `out`.
 fn store<T: Real>(m: MatRef<'_, T>, out: &mut [T]) {
-    let cols = m.ncols();
-    for (i, row) in out
-        .chunks_exact_mut(cols.max(1))
-        .take(m.nrows())
-        .enumerate()
-    {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = m[(i, j)];
+    // Blocks of rows, column by column: a column-major `m` is then read down its columns
+    // and the block's output rows stay in cache (element by element along rows, a
+    // column-major 1024 x 1024 read cost a tenth of an LU factorisation).
+    const BLOCK: usize = 16;
+    let (rows, cols) = (m.nrows(), m.ncols());
+    for i0 in (0..rows).step_by(BLOCK) {
+        let block = i0..(i0 + BLOCK).min(rows);
+        for j in 0..cols {
+            for i in block.clone() {
+                out[i * cols + j] = m[(i, j)];
+            }
         }
     }
 }
@@ -145,17 +149,26 @@ pub(crate) fn lu_factor<T: Real>(
     packed: &mut [T],
     pivots: &mut [i32],
 ) -> Result<(), LinAlgFailure> {
-    let lu = MatRef::from_row_major_slice(a, m, n).partial_piv_lu();
-    let (l, u) = (lu.L(), lu.U());
-    if let Some(index) = zero_diagonal(u) {
+    // Factored in place (column-major, faer's fast layout): L below the diagonal (its unit
+    // diagonal implied) and U on and above it, LAPACK's packed form.
+    let mut lu = MatRef::from_row_major_slice(a, m, n).to_owned();
+    let (mut forward, mut inverse) = (vec![0usize; m], vec![0usize; m]);
+    let par = faer::get_global_parallelism();
+    let scratch =
+        partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default());
+    partial_pivoting::factor::lu_in_place(
+        lu.as_mut(),
+        &mut forward,
+        &mut inverse,
+        par,
+        faer::dyn_stack::MemStack::new(&mut faer::dyn_stack::MemBuffer::new(scratch)),
+        Default::default(),
+    );
+    if let Some(index) = zero_diagonal(lu.as_ref()) {
         return Err(LinAlgFailure::ZeroPivot { index });
     }
-    for i in 0..m {
-        for j in 0..n {
-            packed[i * n + j] = if j >= i { u[(i, j)] } else { l[(i, j)] };
-        }
-    }
-    pivots_of(lu.P().arrays().0, m.min(n), pivots);
+    store(lu.as_ref(), packed);
+    pivots_of(&forward, m.min(n), pivots);
     Ok(())
 }
 
