@@ -1,5 +1,5 @@
 //! Products with few rows of A (a decoding step's `x @ W`, matrix-vector products; up to
-//! 32 rows against an f32 weight used as `W.t()`).
+//! 32 rows against an f32 weight used as `W.t()` or any bf16 B with bf16 dot products).
 //! They are bound by reading B, so B is read once, in place, in its own layout and dtype:
 //! packing it (N·K per call) would cost as much as the product. A row-major B is streamed
 //! row by row into the rows of C, kept in L1 (`c[i, :] += a[i, k] · b[k, :]`); a transposed
@@ -20,9 +20,10 @@ use crate::kernels::simd::{Load, Vector};
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 use std::arch::x86_64::{__m256, __m512};
 
-/// The most rows of A this path takes (but for [`MAX_PAIR_OR_DOT_ROWS`]): a row-major B streamed into C's rows stores C once
-/// per row of B, which past 8 rows costs more than packing B (m = 16, 32: 0.2x PyTorch,
-/// against 0.5x packed); bf16 weights are widened again for every group of rows.
+/// The most rows of A this path takes (but for [`MAX_PAIR_OR_DOT_ROWS`]): a row-major B
+/// streamed into C's rows stores C once per row of B, which past 8 rows costs more than
+/// packing B (m = 16, 32: 0.2x PyTorch, against 0.5x packed); bf16 weights widened to f32 are
+/// widened again for every group of rows.
 const MAX_ROWS: usize = 8;
 /// The most rows of A against an f32 weight read as dot products (`x @ W.t()`), or against
 /// any bf16 B with bf16 dot products ([`pairs`]): each group of rows reuses the weight rows
@@ -141,9 +142,11 @@ pub(super) fn gemm<T: Element>(
                     cs: b.cs,
                 };
                 assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
+                let rows_layout = streams_rows(b.rs, b.cs, n);
                 // SAFETY: `bf16_pairs` saw the packed GEMM's AVX512-BF16 kernel in force (the
-                // AVX-512 level and AVX512-BF16); B's elements are checked above.
-                unsafe { pairs::columns(&words, (m, k), b, (j0, j1), &mut out) };
+                // AVX-512 level and AVX512-BF16); B's elements are checked above, its strides
+                // by `kernel` (cs = 1 streamed by rows, else rs = 1).
+                unsafe { pairs::columns(&words, (m, k), (b, rows_layout), (j0, j1), &mut out) };
             } else if j1 > j0 {
                 columns(Share {
                     rows: &rows,

@@ -56,24 +56,26 @@ pub(super) fn pair_rows<T: crate::core::tensor::Element>(
 }
 
 /// Columns `j0..j1` of `A · B` into `out` (`m` rows of `j1 - j0`), from A's pair words
-/// `a` ([`pair_rows`]) and a bf16 B, row-major (`cs = 1`) or transposed (`rs = 1`).
+/// `a` ([`pair_rows`]) and a bf16 B, streamed by rows (`rows_layout`, `cs = 1`) or read as
+/// the rows of a weight (`rs = 1`).
 ///
 /// # Safety
 /// The CPU has AVX-512 (F, BW) and AVX512-BF16; B holds every element `(kk, j)` for
-/// `kk < k`, `j0 ≤ j < j1`.
+/// `kk < k`, `j0 ≤ j < j1`; `cs = 1` with `rows_layout`, else `rs = 1`.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn columns(
     a: &[u32],
     (m, k): (usize, usize),
-    b: MatView<bf16>,
+    (b, rows_layout): (MatView<bf16>, bool),
     (j0, j1): (usize, usize),
     out: &mut [f32],
 ) {
     assert!(a.len() == m * k.div_ceil(2) && out.len() == m * (j1 - j0));
+    assert!(if rows_layout { b.cs == 1 } else { b.rs == 1 });
     let base = b.data.as_ptr().wrapping_add(b.offset).cast::<u16>();
     // SAFETY: the caller's CPU and B.
     unsafe {
-        if b.cs == 1 {
+        if rows_layout {
             by_rows(a, (m, k), (base, b.rs), (j0, j1), out)
         } else {
             by_dots(a, (m, k), (base, b.cs), (j0, j1), out)
