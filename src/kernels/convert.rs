@@ -27,7 +27,7 @@ pub(crate) fn narrow<T: Element>(
         if T::DTYPE == DType::Bf16 {
             // Branch-free bit arithmetic, which the compiler turns into vector code.
             for (t, &f) in bytemuck::cast_slice_mut::<T, u16>(to).iter_mut().zip(from) {
-                *t = bf16_bits(f);
+                *t = rounded_bf16_bits(f);
             }
             return;
         }
@@ -41,7 +41,7 @@ pub(crate) fn narrow<T: Element>(
 /// `x` rounded to bf16 (to nearest, ties to even; NaN stays NaN, made quiet), as bits: what
 /// `half::bf16::from_f32` gives, without branches.
 #[inline(always)]
-fn bf16_bits(x: f32) -> u16 {
+fn rounded_bf16_bits(x: f32) -> u16 {
     let bits = x.to_bits();
     let rounded = bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16;
     let quiet_nan = (bits >> 16) | 0x40;
@@ -61,7 +61,7 @@ mod tests {
             for lower in [0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF] {
                 let x = f32::from_bits(u32::from(upper) << 16 | lower);
                 assert_eq!(
-                    bf16_bits(x),
+                    rounded_bf16_bits(x),
                     half::bf16::from_f32(x).to_bits(),
                     "{:#x}",
                     x.to_bits()

@@ -58,10 +58,21 @@ pub(crate) struct MatView<'a, T> {
     pub cs: usize,
 }
 
-impl<T: Element> MatView<'_, T> {
+impl<'a, T: Element> MatView<'a, T> {
     #[inline]
     fn at(&self, r: usize, c: usize) -> f32 {
         self.data[self.offset + r * self.rs + c * self.cs].to_f32()
+    }
+
+    /// The same view with its elements seen as `E`, a type of the same size (a kernel's own
+    /// name for `T`, chosen through `T::DTYPE`).
+    fn cast<E: bytemuck::Pod>(self) -> MatView<'a, E> {
+        MatView {
+            data: bytemuck::cast_slice(self.data),
+            offset: self.offset,
+            rs: self.rs,
+            cs: self.cs,
+        }
     }
 }
 

@@ -107,17 +107,16 @@ pub(super) fn gemm<T: Element>(
 ) {
     // A's rows, contiguous in f32 or as bf16 pairs (m·k values: small next to B).
     let pairs = bf16_pairs::<T>();
-    let (mut rows, mut words) = (Vec::new(), Vec::new());
-    if pairs {
-        words = pairs::pair_rows(a, (m, k));
+    let words = if pairs {
+        pairs::pair_rows(a, (m, k))
     } else {
-        rows = vec![0f32; m * k];
-        for (i, row) in rows.chunks_exact_mut(k).enumerate() {
-            for (kk, x) in row.iter_mut().enumerate() {
-                *x = a.at(i, kk);
-            }
-        }
-    }
+        Vec::new()
+    };
+    let rows: Vec<f32> = if pairs {
+        Vec::new()
+    } else {
+        (0..m * k).map(|e| a.at(e / k, e % k)).collect()
+    };
     let team = threads
         .min(n.div_ceil(MIN_COLUMNS_PER_THREAD))
         .min(
@@ -135,18 +134,12 @@ pub(super) fn gemm<T: Element>(
             let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
             let mut out = vec![0f32; m * (j1 - j0)];
             if j1 > j0 && pairs {
-                let b = MatView {
-                    data: bytemuck::cast_slice::<T, bf16>(b.data),
-                    offset: b.offset,
-                    rs: b.rs,
-                    cs: b.cs,
-                };
-                assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
                 let rows_layout = streams_rows(b.rs, b.cs, n);
                 // SAFETY: `bf16_pairs` saw the packed GEMM's AVX512-BF16 kernel in force (the
-                // AVX-512 level and AVX512-BF16); B's elements are checked above, its strides
-                // by `kernel` (cs = 1 streamed by rows, else rs = 1).
-                unsafe { pairs::columns(&words, (m, k), (b, rows_layout), (j0, j1), &mut out) };
+                // AVX-512 level and AVX512-BF16).
+                unsafe {
+                    pairs::columns(&words, (m, k), (b.cast(), rows_layout), (j0, j1), &mut out)
+                };
             } else if j1 > j0 {
                 columns(Share {
                     rows: &rows,
@@ -190,12 +183,7 @@ impl<'a, T: Element> Share<'a, T> {
             rows: self.rows,
             m: self.m,
             k: self.k,
-            b: MatView {
-                data: bytemuck::cast_slice(self.b.data),
-                offset: self.b.offset,
-                rs: self.b.rs,
-                cs: self.b.cs,
-            },
+            b: self.b.cast(),
             j0: self.j0,
             j1: self.j1,
             out: self.out,

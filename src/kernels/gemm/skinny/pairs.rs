@@ -59,9 +59,10 @@ pub(super) fn pair_rows<T: crate::core::tensor::Element>(
 /// `a` ([`pair_rows`]) and a bf16 B, streamed by rows (`rows_layout`, `cs = 1`) or read as
 /// the rows of a weight (`rs = 1`).
 ///
+/// `cs = 1` with `rows_layout`, else `rs = 1` (asserted, as is every element B's loops read).
+///
 /// # Safety
-/// The CPU has AVX-512 (F, BW) and AVX512-BF16; B holds every element `(kk, j)` for
-/// `kk < k`, `j0 ≤ j < j1`; `cs = 1` with `rows_layout`, else `rs = 1`.
+/// The CPU has AVX-512 (F, BW) and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 pub(super) unsafe fn columns(
     a: &[u32],
@@ -72,8 +73,10 @@ pub(super) unsafe fn columns(
 ) {
     assert!(a.len() == m * k.div_ceil(2) && out.len() == m * (j1 - j0));
     assert!(if rows_layout { b.cs == 1 } else { b.rs == 1 });
+    // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
+    assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
     let base = b.data.as_ptr().wrapping_add(b.offset).cast::<u16>();
-    // SAFETY: the caller's CPU and B.
+    // SAFETY: the caller's CPU; B's layout and extent are asserted above.
     unsafe {
         if rows_layout {
             by_rows(a, (m, k), (base, b.rs), (j0, j1), out)
