@@ -107,8 +107,9 @@ pub(super) fn gemm<T: Element>(
 ) {
     // A's rows, contiguous in f32 or as bf16 pairs (m·k values: small next to B).
     let pairs = bf16_pairs::<T>();
+    let rows_layout = streams_rows(b.rs, b.cs, n);
     let words = if pairs {
-        pairs::pair_rows(a, (m, k))
+        pairs::pair_rows(a, (m, k), rows_layout)
     } else {
         Vec::new()
     };
@@ -134,7 +135,6 @@ pub(super) fn gemm<T: Element>(
             let (j0, j1) = ((range * per).min(n), ((range + 1) * per).min(n));
             let mut out = vec![0f32; m * (j1 - j0)];
             if j1 > j0 && pairs {
-                let rows_layout = streams_rows(b.rs, b.cs, n);
                 // SAFETY: `bf16_pairs` saw the packed GEMM's AVX512-BF16 kernel in force (the
                 // AVX-512 level and AVX512-BF16).
                 unsafe {

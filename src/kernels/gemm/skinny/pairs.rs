@@ -3,7 +3,10 @@
 //! words of two neighbouring K values, B read in place.
 //!
 //! A transposed B (`W.t()`) already holds neighbouring K values side by side: a 32-value
-//! load of a weight row is 16 pairs, dotted with the same K range of A's rows. A row-major B
+//! load of a weight row is 16 pairs, dotted with the same K range of A's rows, which are
+//! packed so that the rows a pass holds lie side by side for each step (weight rows a
+//! multiple of 4 KiB apart already make the loads of a step contend for the same L1 banks:
+//! with A's rows apart too, a pass ran at half the rate on an AMD EPYC). A row-major B
 //! holds them in two rows: one permutation interleaves 32 columns of rows `k` and `k + 1`
 //! into pairs, and a tile of C (the rows of A x 32 columns) stays in registers over a block
 //! of K.
@@ -14,8 +17,9 @@ use half::bf16;
 
 use super::super::MatView;
 
-/// Rows of A a dot-product pass holds in registers (with [`NB`] weight rows each).
-const ROW_GROUP: usize = 4;
+/// Rows of A a dot-product pass holds in registers, at most (with [`NB`] weight rows each:
+/// 24 accumulators).
+const ROW_GROUP: usize = 6;
 /// Weight rows a dot-product pass reads together.
 const NB: usize = 4;
 /// Steps ahead (32 K values each) whose weight lines a dot-product pass prefetches.
@@ -38,25 +42,52 @@ fn bf16s(x: __m512i) -> __m512bh {
 }
 
 /// A's `m` rows of `k` values as words of two bf16 values (`k` and `k + 1`, the second
-/// zero past the row's end), `k.div_ceil(2)` words a row.
+/// zero past the row's end), in the layout the pass for B's layout reads: for a B streamed
+/// by rows, rows of `k.div_ceil(2)` words; for a weight read by dot products, each group of
+/// rows ([`groups`]) step by step (16 words of each of its rows a step, zero past K).
 pub(super) fn pair_rows<T: crate::core::tensor::Element>(
     a: MatView<T>,
     (m, k): (usize, usize),
+    rows_layout: bool,
 ) -> Vec<u32> {
     let words = k.div_ceil(2);
     let bits = |i: usize, kk: usize| {
         super::super::pack::bf16_bits(a.data[a.offset + i * a.rs + kk * a.cs])
     };
-    (0..m * words)
-        .map(|w| {
-            let (i, kk) = (w / words, 2 * (w % words));
-            bits(i, kk) | if kk + 1 < k { bits(i, kk + 1) << 16 } else { 0 }
-        })
-        .collect()
+    let word = |i: usize, w: usize| {
+        let kk = 2 * w;
+        bits(i, kk) | if kk + 1 < k { bits(i, kk + 1) << 16 } else { 0 }
+    };
+    if rows_layout {
+        return (0..m * words).map(|w| word(w / words, w % words)).collect();
+    }
+    let steps = k.div_ceil(32);
+    let mut packed = vec![0; m * 16 * steps];
+    for (r0, group) in groups(m) {
+        let block = &mut packed[r0 * 16 * steps..(r0 + group) * 16 * steps];
+        for (chunk, slot) in block.chunks_exact_mut(16).enumerate() {
+            let (step, i) = (chunk / group, chunk % group);
+            for (l, x) in slot.iter_mut().enumerate() {
+                let w = 16 * step + l;
+                if w < words {
+                    *x = word(r0 + i, w);
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// The groups of A's `m` rows a dot-product pass takes (first row, rows): as few as
+/// [`ROW_GROUP`] allows, of sizes that differ by one at most.
+fn groups(m: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = m.div_ceil(ROW_GROUP);
+    let (size, larger) = (m / count.max(1), m % count.max(1));
+    (0..count).map(move |g| (g * size + g.min(larger), size + usize::from(g < larger)))
 }
 
 /// Columns `j0..j1` of `A · B` into `out` (`m` rows of `j1 - j0`), from A's pair words
-/// `a` ([`pair_rows`]) and a bf16 B, streamed by rows (`rows_layout`, `cs = 1`) or read as
+/// `a` ([`pair_rows`], in the layout for `rows_layout`) and a bf16 B, streamed by rows (`rows_layout`, `cs = 1`) or read as
 /// the rows of a weight (`rs = 1`).
 ///
 /// `cs = 1` with `rows_layout`, else `rs = 1` (asserted, as is every element B's loops read).
@@ -71,7 +102,12 @@ pub(super) unsafe fn columns(
     (j0, j1): (usize, usize),
     out: &mut [f32],
 ) {
-    assert!(a.len() == m * k.div_ceil(2) && out.len() == m * (j1 - j0));
+    let words = if rows_layout {
+        k.div_ceil(2)
+    } else {
+        16 * k.div_ceil(32)
+    };
+    assert!(a.len() == m * words && out.len() == m * (j1 - j0));
     assert!(if rows_layout { b.cs == 1 } else { b.rs == 1 });
     // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
     assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
@@ -87,8 +123,8 @@ pub(super) unsafe fn columns(
 }
 
 /// `out[i, j - j0] = a[i, :] · w[j, :]`, `w[j, kk]` at `base + j·cs + kk` (contiguous in
-/// K): [`NB`] weight rows against [`ROW_GROUP`] rows of A at a time, 32 K values a step,
-/// the weight rows staying in L1 while the groups of A pass.
+/// K): [`NB`] weight rows against a group of A's rows at a time, 32 K values a step (the
+/// last one masked), the weight rows staying in L1 while the groups of A pass.
 ///
 /// # Safety
 /// As [`columns`].
@@ -100,57 +136,105 @@ unsafe fn by_dots(
     (j0, j1): (usize, usize),
     out: &mut [f32],
 ) {
-    let (words, width) = (k.div_ceil(2), j1 - j0);
-    let steps = k / 32;
-    let value =
-        |word: u32, high: bool| f32::from_bits(if high { word & !0xFFFF } else { word << 16 });
+    let (steps, width) = (k.div_ceil(32), j1 - j0);
+    let last_mask = u32::MAX >> (32 * steps - k);
     let mut j = j0;
     while j < j1 {
         let count = NB.min(j1 - j);
-        let w = |jj: usize| base.wrapping_add((j + jj.min(count - 1)) * cs);
-        for r0 in (0..m).step_by(ROW_GROUP) {
-            let group = ROW_GROUP.min(m - r0);
-            let mut acc = [[_mm512_setzero_ps(); NB]; ROW_GROUP];
-            for step in 0..steps {
-                // SAFETY: K values 32·step.. < k of weight rows below j1 (clamped) and words
-                // 16·step.. < k / 2 of A's rows r0 + i < m.
-                unsafe {
-                    if r0 == 0 {
-                        for jj in 0..NB {
-                            _mm_prefetch::<_MM_HINT_T0>(
-                                w(jj).wrapping_add(32 * (step + PREFETCH_STEPS)).cast(),
-                            );
-                        }
-                    }
-                    // (A loop, not a closure, which would not inherit the target features.)
-                    let mut wv = [bf16s(_mm512_setzero_si512()); NB];
-                    for (jj, x) in wv.iter_mut().enumerate() {
-                        *x = bf16s(_mm512_loadu_si512(w(jj).add(32 * step).cast()));
-                    }
-                    for (i, acc_i) in acc.iter_mut().enumerate().take(group) {
-                        let av = bf16s(_mm512_loadu_si512(
-                            a.as_ptr().add((r0 + i) * words + 16 * step).cast(),
-                        ));
-                        for (slot, &x) in acc_i.iter_mut().zip(&wv) {
-                            *slot = _mm512_dpbf16_ps(*slot, av, x);
-                        }
-                    }
+        // Past the last weight row, the block repeats it (its sums are not stored).
+        let w: [*const u16; NB] =
+            std::array::from_fn(|jj| base.wrapping_add((j + jj.min(count - 1)) * cs));
+        for (r0, group) in groups(m) {
+            let rows = a[r0 * 16 * steps..(r0 + group) * 16 * steps].as_ptr();
+            let block = Dots {
+                w,
+                steps,
+                last_mask,
+                prefetch: r0 == 0,
+            };
+            // SAFETY: the caller's CPU; the weight rows below j1 (clamped) hold k values,
+            // the group's `group · 16 · steps` words are sliced above.
+            let acc = unsafe {
+                match group {
+                    1 => widen(block.run::<1>(rows)),
+                    2 => widen(block.run::<2>(rows)),
+                    3 => widen(block.run::<3>(rows)),
+                    4 => widen(block.run::<4>(rows)),
+                    5 => widen(block.run::<5>(rows)),
+                    _ => block.run::<ROW_GROUP>(rows),
                 }
-            }
+            };
             for (i, acc_i) in acc.iter().enumerate().take(group) {
                 for (jj, &lanes) in acc_i.iter().enumerate().take(count) {
-                    let mut sum = _mm512_reduce_add_ps(lanes);
-                    for kk in 32 * steps..k {
-                        let word = a[(r0 + i) * words + kk / 2];
-                        // SAFETY: kk < k in weight row j + jj < j1 (the caller's bounds).
-                        let x = f32::from_bits(u32::from(unsafe { *w(jj).add(kk) }) << 16);
-                        sum = value(word, kk % 2 == 1).mul_add(x, sum);
-                    }
-                    out[(r0 + i) * width + (j - j0) + jj] = sum;
+                    out[(r0 + i) * width + (j - j0) + jj] = _mm512_reduce_add_ps(lanes);
                 }
             }
         }
         j += count;
+    }
+}
+
+/// A group's sums widened to [`ROW_GROUP`] rows (the rows past `G` unused).
+#[inline(always)]
+fn widen<const G: usize>(acc: [[__m512; NB]; G]) -> [[__m512; NB]; ROW_GROUP] {
+    // SAFETY: `_mm512_setzero_ps` needs AVX-512F, which every caller (`by_dots`, compiled
+    // for it) has.
+    let mut wide = [[unsafe { _mm512_setzero_ps() }; NB]; ROW_GROUP];
+    wide[..G].copy_from_slice(&acc);
+    wide
+}
+
+/// The [`NB`] weight rows of one dot-product block: `steps` steps of 32 K values (of which
+/// `last_mask` the last step's); with `prefetch`, the weight lines [`PREFETCH_STEPS`] steps
+/// ahead are asked for.
+struct Dots {
+    w: [*const u16; NB],
+    steps: usize,
+    last_mask: __mmask32,
+    prefetch: bool,
+}
+
+impl Dots {
+    /// The 16-lane partial sums of the weight rows with `G` rows of A (pair words from
+    /// `rows`, step by step as [`pair_rows`] packs a group). `G` is a constant so that the
+    /// accumulators stay in registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 (F, BW) and AVX512-BF16; `rows` holds `G · 16 · steps` words
+    /// and every weight row the masked values of `steps` steps.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    #[inline]
+    unsafe fn run<const G: usize>(&self, rows: *const u32) -> [[__m512; NB]; G] {
+        let mut acc = [[_mm512_setzero_ps(); NB]; G];
+        for step in 0..self.steps {
+            let mask = if step + 1 == self.steps {
+                self.last_mask
+            } else {
+                u32::MAX
+            };
+            // SAFETY: step < steps of every row (the caller); prefetches do not fault.
+            unsafe {
+                if self.prefetch {
+                    for row in self.w {
+                        let ahead = row.wrapping_add(32 * (step + PREFETCH_STEPS));
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                    }
+                }
+                // (Loops, not closures, which would not inherit the target features.)
+                let mut wv = [bf16s(_mm512_setzero_si512()); NB];
+                for (x, row) in wv.iter_mut().zip(self.w) {
+                    *x = bf16s(_mm512_maskz_loadu_epi16(mask, row.add(32 * step).cast()));
+                }
+                let words = rows.add(16 * G * step);
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    let av = bf16s(_mm512_loadu_si512(words.add(16 * i).cast()));
+                    for (slot, &x) in acc_i.iter_mut().zip(&wv) {
+                        *slot = _mm512_dpbf16_ps(*slot, av, x);
+                    }
+                }
+            }
+        }
+        acc
     }
 }
 
