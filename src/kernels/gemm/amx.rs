@@ -112,7 +112,7 @@ pub(super) fn gemm<T: Element>(
                 let k_real = (k - pc).min(kc);
                 let filled = BLOCK * k_real.div_ceil(2);
                 pack_b(
-                    b,
+                    super::BOperand::View(b),
                     panel,
                     &mut out[..filled],
                     BLOCK,

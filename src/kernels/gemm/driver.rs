@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, OnceLock};
 
 use super::pack::{pack_a, pack_b};
-use super::{MatView, Micro, Rounding};
+use super::{BOperand, MatView, Micro, Rounding};
 use crate::core::tensor::Element;
 
 /// Packed steps per K block (a 6 x 512 A panel, 12 KiB, stays in L1, a 512 x 64 B panel,
@@ -38,7 +38,7 @@ pub(super) fn gemm_with<T: Element>(
     c: &mut [f32],
     (m, n, k): (usize, usize, usize),
     a: MatView<T>,
-    b: MatView<T>,
+    b: BOperand<T>,
     rounding: Rounding,
     threads: usize,
 ) {

@@ -76,6 +76,15 @@ impl<'a, T: Element> MatView<'a, T> {
     }
 }
 
+/// B as the packed path reads it: a strided view, or rows of one buffer at listed starts,
+/// element `(k, j)` at `data[starts[k] + j]` (the shifted rows of an image, which a
+/// stride-1 convolution reads in place instead of unfolding them).
+#[derive(Clone, Copy)]
+pub(crate) enum BOperand<'a, T> {
+    View(MatView<'a, T>),
+    Rows { data: &'a [T], starts: &'a [usize] },
+}
+
 type MicroFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
 
 /// A micro-kernel: computes an `mr x nr` block of C from packed panels, storing it (the
@@ -149,12 +158,60 @@ pub(crate) fn gemm<T: Element>(
     if amx::kernel::<T>(rounding).is_some() && amx::gemm(c, (m, n, k), a, b, threads) {
         return;
     }
-    let mk = if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
+    driver::gemm_with(
+        packed_micro::<T>(rounding),
+        c,
+        (m, n, k),
+        a,
+        BOperand::View(b),
+        rounding,
+        threads,
+    );
+}
+
+/// The packed path's micro-kernel for inputs `T` under `rounding`: the bf16 one where the
+/// inputs are bf16 values (data, or f32 rounded to bf16), else the f32 one.
+pub(crate) fn packed_micro<T: Element>(rounding: Rounding) -> Micro {
+    if T::DTYPE == DType::Bf16 || rounding == Rounding::Bf16 {
         crate::kernels::dispatch::cpu_kernels().gemm_bf16
     } else {
         crate::kernels::dispatch::cpu_kernels().gemm
-    };
-    driver::gemm_with(mk, c, (m, n, k), a, b, rounding, threads);
+    }
+}
+
+/// `A (m x k) · B (k x n)` into `c` (row-major `m x n` f32) for a B given as rows of one
+/// buffer ([`BOperand::Rows`]: `starts` holds `k` row starts, each followed by `n` values),
+/// on the packed path with [`packed_micro`]'s kernel.
+pub(crate) fn gemm_rows<T: Element>(
+    c: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    a: MatView<T>,
+    (data, starts): (&[T], &[usize]),
+    rounding: Rounding,
+    threads: usize,
+) {
+    assert!(
+        c.len() == m * n && starts.len() == k,
+        "the output holds m x n floats"
+    );
+    assert!(
+        starts.iter().all(|&s| s + n <= data.len()),
+        "every row of B lies in its buffer"
+    );
+    if m == 0 || n == 0 || k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    let b = BOperand::Rows { data, starts };
+    driver::gemm_with(
+        packed_micro::<T>(rounding),
+        c,
+        (m, n, k),
+        a,
+        b,
+        rounding,
+        threads,
+    );
 }
 
 /// The kernel [`gemm`] runs for `m` rows of A against a B of `n` columns and strides `(rs, cs)` when it is
@@ -291,12 +348,27 @@ mod tests {
                     &mut c,
                     (m, n, k),
                     view(&a, k),
-                    view(&b, n),
+                    BOperand::View(view(&b, n)),
                     Rounding::Bf16,
                     2,
                 );
                 let err = rel_err(&c, &want);
                 assert!(err < 1e-6, "{} {m}x{n}x{k}: {err}", mk.name);
+                // The same B as rows at listed starts: stored last row first, a gap of 3
+                // values after each.
+                let mut data = vec![f32::NAN; k * (n + 3)];
+                let starts: Vec<usize> = (0..k).map(|r| (k - 1 - r) * (n + 3)).collect();
+                for (r, &start) in starts.iter().enumerate() {
+                    data[start..start + n].copy_from_slice(&b[r * n..(r + 1) * n]);
+                }
+                let mut c = vec![f32::NAN; m * n];
+                let rows = BOperand::Rows {
+                    data: &data,
+                    starts: &starts,
+                };
+                driver::gemm_with(*mk, &mut c, (m, n, k), view(&a, k), rows, Rounding::Bf16, 2);
+                let err = rel_err(&c, &want);
+                assert!(err < 1e-6, "rows {} {m}x{n}x{k}: {err}", mk.name);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! micro-kernels read them, rounded for the reduced-precision modes, or paired as bf16
 //! values for the dot-product kernel.
 
-use super::{MatView, Rounding};
+use super::{BOperand, MatView, Rounding};
 use crate::DType;
 use crate::core::tensor::Element;
 
@@ -148,7 +148,7 @@ fn interleave_words<const MR: usize>(rows: [&[u16]; MR], panel: &mut [f32]) {
 /// `pc..pc + kc` (`cols` is `(pc, kc, col_begin, col_end)`): panel `p` holds
 /// `out[p][step][col]`, zero past `col_end`; with `pairs`, a step holds two K indices.
 pub(super) fn pack_b<T: Element>(
-    b: MatView<T>,
+    b: BOperand<T>,
     first_panel: usize,
     out: &mut [f32],
     nr: usize,
@@ -158,6 +158,19 @@ pub(super) fn pack_b<T: Element>(
 ) {
     let stride = if pairs { 2 } else { 1 };
     let steps = kc.div_ceil(stride);
+    let data = match b {
+        BOperand::View(view) => view.data,
+        BOperand::Rows { data, .. } => data,
+    };
+    // Where row k of B starts, when its columns are contiguous.
+    let row_start = |k: usize| match b {
+        BOperand::View(view) => (view.cs == 1).then(|| view.offset + k * view.rs),
+        BOperand::Rows { starts, .. } => Some(starts[k]),
+    };
+    let value = |k: usize, col: usize| match b {
+        BOperand::View(view) => view.at(k, col),
+        BOperand::Rows { data, starts } => data[starts[k] + col].to_f32(),
+    };
     for (p, panel) in out.chunks_mut(nr * steps).enumerate() {
         let col0 = col_begin + (first_panel + p) * nr;
         // A B stored column by column (`W.t()`): whole panels go through register transposes
@@ -167,22 +180,29 @@ pub(super) fn pack_b<T: Element>(
         } else {
             rounding == Rounding::None
         };
-        let by_columns = exact && b.rs == 1 && b.cs != 1 && col0 + nr <= col_end;
-        if by_columns && columns::pack_panel(b, col0, (pc, kc), nr, pairs, panel) {
-            continue;
+        if let BOperand::View(view) = b {
+            let by_columns = exact && view.rs == 1 && view.cs != 1 && col0 + nr <= col_end;
+            if by_columns && columns::pack_panel(view, col0, (pc, kc), nr, pairs, panel) {
+                continue;
+            }
         }
         for step in 0..steps {
             let row = &mut panel[step * nr..(step + 1) * nr];
             let k = pc + step * stride;
-            if b.cs == 1 && col0 + nr <= col_end {
-                let start = b.offset + k * b.rs + col0;
-                let lo = &b.data[start..start + nr];
-                if !pairs {
+            if let Some(start) = row_start(k).filter(|_| col0 + nr <= col_end) {
+                let start = start + col0;
+                let lo = &data[start..start + nr];
+                if !pairs && rounding == Rounding::None {
+                    // (A loop of its own, which the compiler turns into vector copies.)
+                    for (slot, x) in row.iter_mut().zip(lo) {
+                        *slot = x.to_f32();
+                    }
+                } else if !pairs {
                     for (slot, x) in row.iter_mut().zip(lo) {
                         *slot = rounding.apply(x.to_f32());
                     }
-                } else if k + 1 < pc + kc {
-                    let hi = &b.data[start + b.rs..start + b.rs + nr];
+                } else if let Some(next) = (k + 1 < pc + kc).then(|| row_start(k + 1)).flatten() {
+                    let hi = &data[next + col0..next + col0 + nr];
                     for ((slot, x), y) in row.iter_mut().zip(lo).zip(hi) {
                         *slot = pair_of(*x, Some(*y));
                     }
@@ -196,7 +216,7 @@ pub(super) fn pack_b<T: Element>(
             for (j, out) in row.iter_mut().enumerate() {
                 let col = col0 + j;
                 *out = if col < col_end {
-                    slot(|k| b.at(k, col), k, pc + kc, rounding, pairs)
+                    slot(|k| value(k, col), k, pc + kc, rounding, pairs)
                 } else {
                     0.0
                 };
@@ -407,7 +427,15 @@ mod tests {
             for (pc, kc) in [(0, k), (5, 33), (16, 16), (2, 51)] {
                 let len = (n - 1) / nr * nr;
                 let mut fast = vec![f32::NAN; len * kc];
-                pack_b(b, 0, &mut fast, nr, (pc, kc, 0, len), Rounding::None, false);
+                pack_b(
+                    BOperand::View(b),
+                    0,
+                    &mut fast,
+                    nr,
+                    (pc, kc, 0, len),
+                    Rounding::None,
+                    false,
+                );
                 let slow: Vec<f32> = (0..len / nr)
                     .flat_map(|p| (0..kc).flat_map(move |step| (0..nr).map(move |j| (p, step, j))))
                     .map(|(p, step, j)| b.at(pc + step, p * nr + j))
@@ -419,7 +447,15 @@ mod tests {
                 // Pairs of bf16 (the dot-product and AMX layouts): words of two K indices.
                 let steps = kc.div_ceil(2);
                 let mut fast = vec![f32::NAN; len * steps];
-                pack_b(b, 0, &mut fast, nr, (pc, kc, 0, len), Rounding::None, true);
+                pack_b(
+                    BOperand::View(b),
+                    0,
+                    &mut fast,
+                    nr,
+                    (pc, kc, 0, len),
+                    Rounding::None,
+                    true,
+                );
                 let value = |k: usize, col: usize| b.data[b.offset + k * b.rs + col * b.cs];
                 let slow: Vec<u32> = (0..len / nr)
                     .flat_map(|p| {
