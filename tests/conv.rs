@@ -123,32 +123,99 @@ fn conv1d_is_conv2d_with_one_row() {
 
 #[test]
 fn the_matmul_precision_flag_steers_f32_convolutions() {
-    let case = Case {
-        c: 32,
-        o: 16,
-        hw: [16, 16],
-        ..BASE
-    };
-    let err = |level| {
-        let _g = backends::float32_matmul_precision_scoped(level);
-        check(&case, DType::F32)
-    };
-    let (highest, medium) = (
-        err(backends::Float32MatmulPrecision::Highest),
-        err(backends::Float32MatmulPrecision::Medium),
-    );
-    assert!(highest < 1e-5, "{highest}");
-    if backends::cpu::has_avx512_bf16() {
-        assert!(
-            medium > 10.0 * highest && medium < 1e-2,
-            "bf16 {medium} vs ieee {highest}"
+    // Unit stride (read in place) and stride 2 (unfolded).
+    for stride in [[1, 1], [2, 2]] {
+        let case = Case {
+            c: 32,
+            o: 16,
+            hw: [16, 16],
+            stride,
+            ..BASE
+        };
+        let err = |level| {
+            let _g = backends::float32_matmul_precision_scoped(level);
+            check(&case, DType::F32)
+        };
+        let (highest, medium) = (
+            err(backends::Float32MatmulPrecision::Highest),
+            err(backends::Float32MatmulPrecision::Medium),
         );
-    } else {
-        assert!(
-            medium < 1e-5,
-            "no bf16 dot products here: IEEE either way ({medium})"
-        );
-        eprintln!("skipped: the bf16 half (this CPU has no AVX512-BF16)");
+        assert!(highest < 1e-5, "{highest}");
+        if backends::cpu::has_avx512_bf16() {
+            assert!(
+                medium > 10.0 * highest && medium < 1e-2,
+                "bf16 {medium} vs ieee {highest}"
+            );
+        } else {
+            assert!(
+                medium < 1e-5,
+                "no bf16 dot products here: IEEE either way ({medium})"
+            );
+            eprintln!("skipped: the bf16 half (this CPU has no AVX512-BF16)");
+        }
+    }
+}
+
+/// Unit-stride convolutions of one group whose rows are wide enough read the input in
+/// place (an implicit GEMM over shifted rows of its padded copy): padding on either side
+/// and `same`, dilation, a kernel taller than the input (taps that read padding only),
+/// several images, bias or none, several B panels and K blocks, against the float64
+/// convolution in every dtype that takes this path, with the lowering and the GEMM in the
+/// trace.
+#[test]
+fn unit_stride_convolutions_read_the_input_in_place() {
+    let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+    let cases = [
+        Case {
+            hw: [9, 23],
+            ..BASE
+        },
+        Case {
+            n: 3,
+            hw: [5, 31],
+            padding: Padding::Explicit([1, 2]),
+            ..BASE
+        },
+        Case {
+            hw: [11, 40],
+            k: [4, 2],
+            dilation: [2, 3],
+            padding: Padding::Same,
+            bias: false,
+            ..BASE
+        },
+        Case {
+            hw: [2, 40],
+            dilation: [3, 3],
+            padding: Padding::Explicit([4, 4]),
+            ..BASE
+        },
+        Case {
+            c: 61,
+            o: 13,
+            hw: [7, 70],
+            k: [3, 5],
+            padding: Padding::Same,
+            ..BASE
+        },
+        Case {
+            hw: [3, 12],
+            k: [1, 3],
+            ..BASE
+        },
+    ];
+    for case in cases {
+        for dtype in [DType::F32, DType::Bf16, DType::F16] {
+            let capture = backends::TraceCapture::start();
+            let err = check(&case, dtype);
+            let lines = capture.take();
+            assert!(err < bound(dtype), "{dtype} {case:?}: {err:e}");
+            assert!(
+                lines.iter().any(|l| l.contains("cpu/implicit gemm,conv2d"))
+                    && lines.iter().any(|l| l.contains(&format!(",gemm_{dtype}_"))),
+                "{dtype} {case:?}: {lines:?}"
+            );
+        }
     }
 }
 
@@ -343,6 +410,22 @@ fn explain_names_the_lowering_precision_and_libraries() {
     assert_eq!(
         explain(&x, &weight(8, 4, 1), &options(1)).unwrap().lowering,
         "gemm"
+    );
+    // Unit stride, one group, rows wide enough: read in place; f64 unfolds (its GEMM is the
+    // reference one).
+    let wide = |dtype| tensor(&random(2 * 4 * 6 * 20), &[2, 4, 6, 20], dtype);
+    assert_eq!(
+        explain(&wide(DType::F32), &weight(8, 4, 3), &options(1))
+            .unwrap()
+            .lowering,
+        "implicit gemm"
+    );
+    let weight64 = tensor(&random(8 * 4 * 9), &[8, 4, 3, 3], DType::F64);
+    assert_eq!(
+        explain(&wide(DType::F64), &weight64, &options(1))
+            .unwrap()
+            .lowering,
+        "im2col+gemm"
     );
     assert_eq!(
         explain(&x, &weight(8, 2, 1), &options(2)).unwrap().lowering,

@@ -1,10 +1,14 @@
 //! The CPU convolution: each group of each image becomes one GEMM of the weight `[O/g, C/g ·
-//! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`.
+//! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`;
+//! unit-stride convolutions of one group read those rows in place from a padded copy of the
+//! input instead ([`implicit`]), depthwise ones run directly.
 
 use half::{bf16, f16};
 
 use super::Geometry;
 use crate::core::tensor::{Element, host_zeros};
+use crate::core::trace::{self, Call};
+use crate::kernels::gemm::{self, MatView};
 use crate::{DType, Device, Result, Tensor, matmul};
 
 /// Elements of unfolded input made at once: images are unfolded in chunks of about this
@@ -34,6 +38,10 @@ fn run<T: Element>(
 ) -> Result<Tensor> {
     let (n, o, p) = (g.batch, g.out_channels, g.pixels());
     let out_shape = [n, o, g.output[0], g.output[1]];
+    if g.reads_shifted_rows(T::DTYPE) {
+        let out = implicit::<T>(input, weight, bias, g)?;
+        return Tensor::from_vec(out, &out_shape, Device::Cpu);
+    }
     let kg = g.patch_len();
     // [groups, O/g, C/g · kH · kW]: the weight's rows are already in the patch order.
     let w = weight
@@ -87,6 +95,103 @@ fn run<T: Element>(
         add_bias(&mut out, &bias.to_vec::<T>()?, p);
     }
     Tensor::from_vec(out, &out_shape, Device::Cpu)
+}
+
+/// A unit-stride convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per
+/// image that reads the input in place: the image is copied once with its zero padding into
+/// `[C, H_p, W_p]` (`W_p = W' + (kW - 1)·dW`, and a few values of slack), B's row `(c, ki,
+/// kj)` is that copy from `c·H_p·W_p + ki·dH·W_p + kj·dW` on, so that its column `y·W_p + x`
+/// is output pixel `(y, x)`; the columns `x ≥ W'` (a few per output row) are computed and
+/// dropped when the result is stored with the bias, rounded to `T` once.
+fn implicit<T: Element>(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    g: &Geometry,
+) -> Result<Vec<T>> {
+    let x = input.elements::<T>()?;
+    let weight = weight.contiguous()?;
+    let w = weight.elements::<T>()?;
+    let (c, o, k) = (g.channels, g.out_channels, g.patch_len());
+    let ([h, wd], [kh, kw], [dh, dw]) = (g.input, g.kernel, g.dilation);
+    let ([oh, ow], [top, left]) = (g.output, g.pad_before);
+    let (wp, hp) = (ow + (kw - 1) * dw, oh + (kh - 1) * dh);
+    let (plane, columns) = (hp * wp, oh * wp);
+    let starts: Vec<usize> = (0..c * kh * kw)
+        .map(|row| {
+            let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
+            channel * plane + ki * dh * wp + kj * dw
+        })
+        .collect();
+    // The padding stays zero: every image writes the same interior.
+    let mut padded = host_zeros::<T>("conv2d", c * plane + (kw - 1) * dw)?;
+    let mut product = host_zeros::<f32>("conv2d", o * columns)?;
+    let mut out = host_zeros::<T>("conv2d", g.batch * o * oh * ow)?;
+    if out.is_empty() {
+        return Ok(out);
+    }
+    let bias: Vec<f32> = match bias {
+        Some(bias) => bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect(),
+        None => vec![0.0; o],
+    };
+    let (rounding, note) = crate::ops::matmul::cpu_rounding(T::DTYPE);
+    let micro = gemm::packed_micro::<T>(rounding).name;
+    let threads = crate::get_num_threads();
+    let per_thread = |count: usize| count.div_ceil(threads.max(1)).max(1);
+    for (image, out) in out.chunks_exact_mut(o * oh * ow).enumerate() {
+        let source = &x[image * c * h * wd..][..c * h * wd];
+        let planes: Vec<(usize, &mut [T])> = padded[..c * plane]
+            .chunks_mut(per_thread(c) * plane)
+            .enumerate()
+            .map(|(i, chunk)| (i * per_thread(c), chunk))
+            .collect();
+        crate::runtime::threads::for_each(planes, &|(first, chunk): (usize, &mut [T])| {
+            for (i, to) in chunk.chunks_exact_mut(plane).enumerate() {
+                let from = &source[(first + i) * h * wd..][..h * wd];
+                // (Unit stride: H_p = top + H + bottom and W_p = left + W + right.)
+                for (y, line) in from.chunks_exact(wd).enumerate() {
+                    to[(top + y) * wp + left..][..wd].copy_from_slice(line);
+                }
+            }
+        });
+        let describe = || Call {
+            kernel: format!("gemm_{}_{micro}", T::DTYPE),
+            backend: format!("cpu/{micro}"),
+            dtype: T::DTYPE,
+            shapes: format!("{:?}x{:?}", [o, k], [k, columns]),
+            precision: note.clone(),
+        };
+        trace::kernel(describe, || {
+            let a = MatView {
+                data: &w,
+                offset: 0,
+                rs: k,
+                cs: 1,
+            };
+            let b = (&padded[..], &starts[..]);
+            gemm::gemm_rows(&mut product, (o, columns, k), a, b, rounding, threads);
+            Ok(())
+        })?;
+        let channels: Vec<(usize, &mut [T])> = out
+            .chunks_mut(per_thread(o) * oh * ow)
+            .enumerate()
+            .map(|(i, chunk)| (i * per_thread(o), chunk))
+            .collect();
+        crate::runtime::threads::for_each(channels, &|(first, chunk): (usize, &mut [T])| {
+            for (i, to) in chunk.chunks_exact_mut(oh * ow).enumerate() {
+                let (sums, b) = (
+                    &product[(first + i) * columns..][..columns],
+                    bias[first + i],
+                );
+                for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wp)) {
+                    for (t, &f) in line.iter_mut().zip(from) {
+                        *t = T::from_f32(f + b);
+                    }
+                }
+            }
+        });
+    }
+    Ok(out)
 }
 
 /// A convolution whose groups each read one input channel (depthwise, with any channel

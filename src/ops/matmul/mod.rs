@@ -162,6 +162,15 @@ fn fp32_rounding(has_bf16_hardware: bool) -> (Rounding, String) {
     }
 }
 
+/// How the CPU GEMM treats inputs of `dtype` (f32, f16, bf16): their rounding and the
+/// trace's precision note, as `matmul` applies them (a convolution's GEMMs follow them).
+pub(crate) fn cpu_rounding(dtype: DType) -> (Rounding, String) {
+    match dtype {
+        DType::F32 => fp32_rounding(crate::runtime::cpu::has_avx512_bf16()),
+        _ => (Rounding::None, half_note(dtype)),
+    }
+}
+
 fn half_note(dtype: DType) -> String {
     let reduced = match dtype {
         DType::F16 => crate::core::precision::matmul::allow_fp16_reduced_precision_reduction(),
