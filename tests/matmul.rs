@@ -97,6 +97,49 @@ fn cpu_half_types_accumulate_in_f32() {
 }
 
 #[test]
+fn cpu_half_types_span_several_packed_blocks_threads_and_a_bias() {
+    // bf16 and f16 outputs keep each tile's sums over every K block (1100: two blocks for
+    // either kernel) and column block (2100 columns: two) in f32 and round them once, with
+    // the bias: `linear` against the f64 product of the rounded values, on 1, 2 and 3
+    // threads, bit-identical across them.
+    let (m, n, k) = (40, 2100, 1100);
+    let (x, w, bias) = (random(m * k), random(n * k), random(n));
+    let weight_t: Vec<f64> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
+    for dtype in [DType::Bf16, DType::F16] {
+        let round = |v: &[f64]| match dtype {
+            DType::Bf16 => through::<bf16>(v),
+            _ => through::<f16>(v),
+        };
+        let bound = if dtype == DType::Bf16 { 1e-2 } else { 2e-3 };
+        let mut want = reference(&round(&x), &round(&weight_t), m, n, k);
+        for (e, v) in want.iter_mut().enumerate() {
+            *v += round(&bias)[e % n];
+        }
+        let make =
+            |v: &[f64], shape: &[usize]| Tensor::from_f64(v, shape, dtype, Device::Cpu).unwrap();
+        let (xt, wt, bt) = (make(&x, &[m, k]), make(&w, &[n, k]), make(&bias, &[n]));
+        let mut first: Option<Vec<f64>> = None;
+        for threads in [1, 2, 3] {
+            let _t = backends::NUM_THREADS.guard_scoped(threads);
+            let got = backends::linear(&xt, &wt, Some(&bt))
+                .unwrap()
+                .to_f64()
+                .unwrap();
+            let err = rel_err(&got, &want);
+            assert!(err < bound, "{dtype} {threads} threads: {err}");
+            let first = first.get_or_insert_with(|| got.clone());
+            assert!(
+                first
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dtype}: {threads} threads differ from one"
+            );
+        }
+    }
+}
+
+#[test]
 fn transposed_and_batched_views() {
     let _p = ieee();
     let (batch, m, n, k) = (3, 37, 29, 45);

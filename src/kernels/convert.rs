@@ -24,18 +24,38 @@ pub(crate) fn narrow<T: Element>(
     let per = out.len().div_ceil(threads.max(1)).max(1 << 16);
     let chunks = narrow.chunks_mut(per).zip(out.chunks(per)).collect();
     crate::runtime::threads::for_each(chunks, &|(to, from): (&mut [T], &[f32])| {
-        if T::DTYPE == DType::Bf16 {
-            // Branch-free bit arithmetic, which the compiler turns into vector code.
+        narrow_into(to, from, None)
+    });
+    Ok(narrow)
+}
+
+/// `from` (plus `add`, element by element, where given) rounded into `to` (equally long).
+pub(crate) fn narrow_into<T: Element>(to: &mut [T], from: &[f32], add: Option<&[f32]>) {
+    assert!(to.len() == from.len() && add.is_none_or(|add| add.len() == from.len()));
+    match (T::DTYPE, add) {
+        // Branch-free bit arithmetic, which the compiler turns into vector code.
+        (DType::Bf16, None) => {
             for (t, &f) in bytemuck::cast_slice_mut::<T, u16>(to).iter_mut().zip(from) {
                 *t = rounded_bf16_bits(f);
             }
-            return;
         }
-        for (t, &f) in to.iter_mut().zip(from) {
-            *t = T::from_f32(f);
+        (DType::Bf16, Some(add)) => {
+            let to = bytemuck::cast_slice_mut::<T, u16>(to);
+            for ((t, &f), &b) in to.iter_mut().zip(from).zip(add) {
+                *t = rounded_bf16_bits(f + b);
+            }
         }
-    });
-    Ok(narrow)
+        (_, None) => {
+            for (t, &f) in to.iter_mut().zip(from) {
+                *t = T::from_f32(f);
+            }
+        }
+        (_, Some(add)) => {
+            for ((t, &f), &b) in to.iter_mut().zip(from).zip(add) {
+                *t = T::from_f32(f + b);
+            }
+        }
+    }
 }
 
 /// `x` rounded to bf16 (to nearest, ties to even; NaN stays NaN, made quiet), as bits: what

@@ -1,13 +1,16 @@
 //! The GEMM driver: blocks a product for the caches (K blocks, column blocks, row blocks of
 //! A panels), packs B per block together and A per item, and runs the micro-kernel over
-//! the tiles, on the library's threads with a fixed reduction order.
+//! the tiles, on the library's threads with a fixed reduction order; for bf16/f16 outputs
+//! each item keeps its tiles' f32 sums over every K block and rounds them once.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, OnceLock};
 
 use super::pack::{pack_a, pack_b};
 use super::{BOperand, MatView, Micro, Rounding};
 use crate::core::tensor::Element;
+use crate::kernels::convert::narrow_into;
 
 /// Packed steps per K block (a 6 x 512 A panel, 12 KiB, stays in L1, a 512 x 64 B panel,
 /// 128 KiB, in L2): 512 K indices, or 1024 for a pair kernel, whose steps hold two. (384
@@ -32,6 +35,54 @@ pub(super) const LINE_FLOATS: usize = 16;
 /// Multiply-adds a thread is started for, at least.
 pub(super) const MIN_WORK_PER_THREAD: usize = 1 << 21;
 
+/// How a product's work is shared: the thread count asked for, and items of row blocks
+/// of A panels x column chunks of each column block.
+struct Shares {
+    threads: usize,
+    a_panels: usize,
+    row_blocks: usize,
+    col_chunks: usize,
+}
+
+impl Shares {
+    fn new(mk: Micro, (m, n, k): (usize, usize, usize), threads: usize) -> Shares {
+        // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
+        let threads = threads.clamp(
+            1,
+            m.saturating_mul(n)
+                .saturating_mul(k)
+                .div_ceil(MIN_WORK_PER_THREAD),
+        );
+        let a_panels = m.div_ceil(mk.mr);
+        // Row blocks of A panels: a multiple of the thread count, so that threads end
+        // together.
+        let row_blocks = a_panels
+            .div_ceil(panels_per_block(mk.mr))
+            .next_multiple_of(threads)
+            .min(a_panels);
+        Shares {
+            threads,
+            a_panels,
+            row_blocks,
+            // Column chunks split the work when there are fewer row blocks than threads.
+            col_chunks: threads.div_ceil(row_blocks),
+        }
+    }
+
+    fn items(&self) -> usize {
+        self.row_blocks * self.col_chunks
+    }
+
+    /// Item `item`'s A panels and B panels (of `b_panels` in its column block).
+    fn ranges(&self, item: usize, b_panels: usize) -> (Range<usize>, Range<usize>) {
+        let (ib, jb) = (item / self.col_chunks, item % self.col_chunks);
+        (
+            ib * self.a_panels / self.row_blocks..(ib + 1) * self.a_panels / self.row_blocks,
+            jb * b_panels / self.col_chunks..(jb + 1) * b_panels / self.col_chunks,
+        )
+    }
+}
+
 /// [`gemm`] with the micro-kernel `mk` (non-empty sizes).
 pub(super) fn gemm_with<T: Element>(
     mk: Micro,
@@ -42,23 +93,14 @@ pub(super) fn gemm_with<T: Element>(
     rounding: Rounding,
     threads: usize,
 ) {
-    // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
-    let threads = threads.clamp(
-        1,
-        m.saturating_mul(n)
-            .saturating_mul(k)
-            .div_ceil(MIN_WORK_PER_THREAD),
+    let shares = Shares::new(mk, (m, n, k), threads);
+    let (threads, a_panels, row_blocks, items) = (
+        shares.threads,
+        shares.a_panels,
+        shares.row_blocks,
+        shares.items(),
     );
     let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
-    let a_panels = m.div_ceil(mr);
-    // Row blocks of A panels: a multiple of the thread count, so that threads end together.
-    let row_blocks = a_panels
-        .div_ceil(panels_per_block(mr))
-        .next_multiple_of(threads)
-        .min(a_panels);
-    // Column chunks split the work when there are fewer row blocks than threads.
-    let col_chunks = threads.div_ceil(row_blocks);
-    let items = row_blocks * col_chunks;
     let kc_max = if mk.pairs { 2 * KC_STEPS } else { KC_STEPS };
     let steps = mk.steps(kc_max.min(k));
     // The calling thread's packed-B buffer, kept between calls: allocating and zeroing it
@@ -136,9 +178,7 @@ pub(super) fn gemm_with<T: Element>(
                 if item >= items {
                     break;
                 }
-                let (ib, jb) = (item / col_chunks, item % col_chunks);
-                let a_range = ib * a_panels / row_blocks..(ib + 1) * a_panels / row_blocks;
-                let b_range = jb * b_panels / col_chunks..(jb + 1) * b_panels / col_chunks;
+                let (a_range, b_range) = shares.ranges(item, b_panels);
                 let a_buf = &mut a_block[..a_range.len() * mr * ks];
                 pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                 for jp in b_range {
@@ -173,7 +213,153 @@ pub(super) fn gemm_with<T: Element>(
     PACKED_B.set(packed_b);
 }
 
+/// Packed B values a narrowed product holds for one column block (every K block of it),
+/// at most: 16 MiB, half of a 32 MiB L3.
+const NARROWED_B_FLOATS: usize = 1 << 22;
+
+/// [`gemm_with`] for an output of another type than f32 (`O`: bf16, f16), with `bias` (f32,
+/// one per column) added: every tile takes all its K blocks into a per-thread block of f32
+/// sums, which is rounded into `c` once, so that no f32 copy of C is made. B is packed for
+/// every K block of a column block before the items start (columns limited to
+/// [`NARROWED_B_FLOATS`]); the sums of each tile follow the same order as in `gemm_with`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_narrow<T: Element, O: Element>(
+    mk: Micro,
+    c: &mut [O],
+    (m, n, k): (usize, usize, usize),
+    a: MatView<T>,
+    b: MatView<T>,
+    bias: Option<&[f32]>,
+    rounding: Rounding,
+    threads: usize,
+) {
+    let shares = Shares::new(mk, (m, n, k), threads);
+    let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
+    let kc_max = if mk.pairs { 2 * KC_STEPS } else { KC_STEPS };
+    // The K blocks and where each one's panel steps start in a packed B panel.
+    let k_blocks: Vec<(usize, usize)> = (0..k)
+        .step_by(kc_max)
+        .scan(0, |at, pc| {
+            let start = *at;
+            *at += mk.steps(kc_max.min(k - pc));
+            Some((pc, start))
+        })
+        .collect();
+    let all_steps = mk.steps(k % kc_max) + k / kc_max * mk.steps(kc_max);
+    let nc_max = (NARROWED_B_FLOATS / all_steps / nr * nr).clamp(nr, NC);
+    let mut packed_b = PACKED_B.take();
+    let b_len = nc_max.min(n).div_ceil(nr) * nr * all_steps;
+    if packed_b.len() < b_len + LINE_FLOATS {
+        packed_b = vec![0f32; b_len + LINE_FLOATS];
+    }
+    let b_start = packed_b.as_ptr().align_offset(64).min(LINE_FLOATS);
+    let blocks: Vec<usize> = (0..n).step_by(nc_max).collect();
+    let counters: Vec<AtomicUsize> = blocks.iter().map(|_| AtomicUsize::new(0)).collect();
+    let barrier = OnceLock::new();
+    let (b_ptr, c_ptr) = (
+        SharedOut(packed_b[b_start..].as_mut_ptr()),
+        SharedOut(c.as_mut_ptr()),
+    );
+    let worker = |t: usize, team: usize| {
+        let barrier = barrier.get_or_init(|| Barrier::new(team));
+        let (mut a_block, mut sums) = (A_BLOCK.take(), SUMS.take());
+        let item_rows = shares.a_panels.div_ceil(shares.row_blocks) * mr;
+        a_block.resize(
+            a_block
+                .len()
+                .max(item_rows / mr * mr * mk.steps(kc_max.min(k))),
+            0.0,
+        );
+        for (&jc, next) in blocks.iter().zip(&counters) {
+            let nc = nc_max.min(n - jc);
+            let b_panels = nc.div_ceil(nr);
+            let per = b_panels.div_ceil(team);
+            let mine = (t * per).min(b_panels)..((t + 1) * per).min(b_panels);
+            // Panel p holds every K block, one after another.
+            for &(pc, at) in &k_blocks {
+                let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+                for panel in mine.clone() {
+                    // SAFETY: threads pack disjoint panels of the packed B (all_steps x nr
+                    // floats each), which nobody reads before the barrier below.
+                    let out = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            b_ptr.get().add((panel * all_steps + at) * nr),
+                            ks * nr,
+                        )
+                    };
+                    let cols = (pc, kc, jc, jc + nc);
+                    pack_b(BOperand::View(b), panel, out, nr, cols, rounding, pairs);
+                }
+            }
+            barrier.wait();
+            // SAFETY: between the two barriers the packed B is only read.
+            let b_buf =
+                unsafe { std::slice::from_raw_parts(b_ptr.get(), b_panels * nr * all_steps) };
+            loop {
+                let item = next.fetch_add(1, Ordering::Relaxed);
+                if item >= shares.items() {
+                    break;
+                }
+                let (a_range, b_range) = shares.ranges(item, b_panels);
+                if a_range.is_empty() || b_range.is_empty() {
+                    continue;
+                }
+                let (row0, col0) = (a_range.start * mr, jc + b_range.start * nr);
+                let (rows, cols) = (
+                    (a_range.end * mr).min(m) - row0,
+                    (jc + b_range.end * nr).min(jc + nc) - col0,
+                );
+                let width = b_range.len() * nr;
+                sums.resize(sums.len().max(a_range.len() * mr * width), 0.0);
+                for &(pc, at) in &k_blocks {
+                    let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+                    let a_buf = &mut a_block[..a_range.len() * mr * ks];
+                    pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
+                    for jp in b_range.clone() {
+                        let panel = &b_buf[(jp * all_steps + at) * nr..][..ks * nr];
+                        let x = (jp - b_range.start) * nr;
+                        for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
+                            let y = (ip - a_range.start) * mr;
+                            // SAFETY: the tile lies inside this thread's block of sums
+                            // (rows and columns clipped to the output's).
+                            unsafe {
+                                tile(
+                                    mk,
+                                    ks,
+                                    a_panel,
+                                    panel,
+                                    sums.as_mut_ptr().add(y * width + x),
+                                    width,
+                                    mr.min(m - ip * mr),
+                                    nr.min(jc + nc - (jc + jp * nr)),
+                                    pc > 0,
+                                )
+                            };
+                        }
+                    }
+                }
+                let bias = bias.map(|bias| &bias[col0..col0 + cols]);
+                for (r, from) in sums.chunks_exact(width).take(rows).enumerate() {
+                    // SAFETY: every item is taken by one thread and items cover disjoint
+                    // blocks of C; the row's columns lie inside the m x n output.
+                    let to = unsafe {
+                        std::slice::from_raw_parts_mut(c_ptr.get().add((row0 + r) * n + col0), cols)
+                    };
+                    narrow_into(to, &from[..cols], bias);
+                }
+            }
+            barrier.wait();
+        }
+        A_BLOCK.set(a_block);
+        SUMS.set(sums);
+    };
+    crate::runtime::threads::parallel(shares.threads, &worker);
+    PACKED_B.set(packed_b);
+}
+
 thread_local! {
+    /// A narrowed product's block of f32 sums on this thread (see [`gemm_narrow`]).
+    static SUMS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// The packed B of the last product this thread ran (see [`gemm`]).
     static PACKED_B: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     /// The packed A block of this thread's last product (the pool's workers keep theirs).
@@ -182,20 +368,26 @@ thread_local! {
 
 /// A pointer into a buffer that threads share, each writing its own disjoint part (tiles of
 /// the output, panels of a packed operand).
-#[derive(Clone, Copy)]
-pub(super) struct SharedOut(pub(super) *mut f32);
+pub(super) struct SharedOut<T = f32>(pub(super) *mut T);
 
-impl SharedOut {
+impl<T> Clone for SharedOut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
     /// The pointer (a method, so that closures capture the whole `Send` wrapper).
-    pub(super) fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut T {
         self.0
     }
 }
 // SAFETY: threads write disjoint parts of the buffer behind the pointer (see `gemm_with` and
 // the AMX driver).
-unsafe impl Send for SharedOut {}
+unsafe impl<T> Send for SharedOut<T> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedOut {}
+unsafe impl<T> Sync for SharedOut<T> {}
 
 /// Stores (or with `accumulate`, adds) one `rows x cols` tile (at most `mr x nr`) into C at
 /// `c` (row stride `ldc`), over `steps` packed steps.

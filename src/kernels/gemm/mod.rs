@@ -169,6 +169,38 @@ pub(crate) fn gemm<T: Element>(
     );
 }
 
+/// `A (m x k) · B (k x n)` plus `bias` (one per column) rounded once into `c`, a row-major
+/// `m x n` matrix of `O` (bf16, f16), on the packed path with no f32 copy of C (see
+/// `driver::gemm_narrow`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_narrowed<T: Element, O: Element>(
+    c: &mut [O],
+    (m, n, k): (usize, usize, usize),
+    a: MatView<T>,
+    b: MatView<T>,
+    bias: Option<&[f32]>,
+    rounding: Rounding,
+    threads: usize,
+) {
+    assert_eq!(c.len(), m * n, "the output holds m x n values");
+    assert!(
+        bias.is_none_or(|bias| bias.len() == n),
+        "one bias per column"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        let zeros = vec![0.0; n];
+        for row in c.chunks_exact_mut(n) {
+            crate::kernels::convert::narrow_into(row, &zeros, bias);
+        }
+        return;
+    }
+    let mk = packed_micro::<T>(rounding);
+    driver::gemm_narrow(mk, c, (m, n, k), a, b, bias, rounding, threads);
+}
+
 /// The packed path's micro-kernel for inputs `T` under `rounding`: the bf16 one where the
 /// inputs are bf16 values (data, or f32 rounded to bf16), else the f32 one.
 pub(crate) fn packed_micro<T: Element>(rounding: Rounding) -> Micro {

@@ -448,7 +448,8 @@ fn run_cpu<T: Element>(
     (rounding, note, micro): (Rounding, String, &'static str),
 ) -> Result<Tensor> {
     let threads = crate::get_num_threads();
-    let micro = gemm::special_kernel::<T>((p.m, p.n), (p.b[1], p.b[2]), rounding).unwrap_or(micro);
+    let special = gemm::special_kernel::<T>((p.m, p.n), (p.b[1], p.b[2]), rounding);
+    let micro = special.unwrap_or(micro);
     let describe = || Call {
         kernel: format!("gemm_{}_{micro}", T::DTYPE),
         backend: format!("cpu/{micro}"),
@@ -457,6 +458,26 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
+        if T::DTYPE != DType::F32 && special.is_none() {
+            // The packed path rounds each block of sums into the output: no f32 copy of it.
+            let mut out = host_zeros::<T>("matmul", p.outputs())?;
+            let bias = match bias {
+                Some(bias) => Some(bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect()),
+                None => None::<Vec<f32>>,
+            };
+            each_batch(
+                p,
+                &a.host::<T>("matmul")?,
+                &b.host::<T>("matmul")?,
+                &mut out,
+                threads,
+                |va, vb, c, threads| {
+                    let dims = (p.m, p.n, p.k);
+                    gemm::gemm_narrowed(c, dims, va, vb, bias.as_deref(), rounding, threads)
+                },
+            );
+            return Tensor::from_vec(out, &p.out_shape, Device::Cpu);
+        }
         let mut out = host_zeros::<f32>("matmul", p.outputs())?;
         each_batch(
             p,
