@@ -123,13 +123,13 @@ fn conv1d_is_conv2d_with_one_row() {
 
 #[test]
 fn the_matmul_precision_flag_steers_f32_convolutions() {
-    // Unit stride (read in place) and stride 2 (unfolded).
-    for stride in [[1, 1], [2, 2]] {
+    // One group (read in place) and two (unfolded).
+    for groups in [1, 2] {
         let case = Case {
             c: 32,
             o: 16,
             hw: [16, 16],
-            stride,
+            groups,
             ..BASE
         };
         let err = |level| {
@@ -156,14 +156,14 @@ fn the_matmul_precision_flag_steers_f32_convolutions() {
     }
 }
 
-/// Unit-stride convolutions of one group whose rows are wide enough read the input in
-/// place (an implicit GEMM over shifted rows of its padded copy): padding on either side
-/// and `same`, dilation, a kernel taller than the input (taps that read padding only),
-/// several images, bias or none, several B panels and K blocks, against the float64
-/// convolution in every dtype that takes this path, with the lowering and the GEMM in the
-/// trace.
+/// Convolutions of one group whose rows are wide enough read the input in place (an
+/// implicit GEMM over shifted rows of padded phase planes of it): padding on either side
+/// and `same`, dilation, strides (a 7x7/2 stem, unequal strides with dilation, a strided
+/// 1x1), a kernel taller than the input and a plane of padding only, several images,
+/// bias or none, several B panels and K blocks, against the float64 convolution in every
+/// dtype that takes this path, with the lowering and the GEMM in the trace.
 #[test]
-fn unit_stride_convolutions_read_the_input_in_place() {
+fn one_group_convolutions_read_the_input_in_place() {
     let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
     let cases = [
         Case {
@@ -201,6 +201,35 @@ fn unit_stride_convolutions_read_the_input_in_place() {
         Case {
             hw: [3, 12],
             k: [1, 3],
+            ..BASE
+        },
+        Case {
+            hw: [20, 44],
+            k: [7, 7],
+            stride: [2, 2],
+            padding: Padding::Explicit([3, 3]),
+            ..BASE
+        },
+        Case {
+            hw: [13, 50],
+            k: [3, 4],
+            stride: [3, 2],
+            dilation: [2, 1],
+            padding: Padding::Explicit([1, 2]),
+            ..BASE
+        },
+        Case {
+            hw: [9, 30],
+            k: [1, 1],
+            stride: [2, 2],
+            ..BASE
+        },
+        // A plane of padding only: columns 2x - 3 of a one-column input.
+        Case {
+            hw: [5, 1],
+            k: [3, 1],
+            stride: [1, 2],
+            padding: Padding::Explicit([0, 3]),
             ..BASE
         },
     ];

@@ -1,6 +1,6 @@
 //! The CPU convolution: each group of each image becomes one GEMM of the weight `[O/g, C/g ·
 //! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`;
-//! unit-stride convolutions of one group read those rows in place from a padded copy of the
+//! convolutions of one group read those rows in place from padded phase planes of the
 //! input instead ([`implicit`]), depthwise ones run directly.
 
 use half::{bf16, f16};
@@ -97,12 +97,15 @@ fn run<T: Element>(
     Tensor::from_vec(out, &out_shape, Device::Cpu)
 }
 
-/// A unit-stride convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per
-/// image that reads the input in place: the image is copied once with its zero padding into
-/// `[C, H_p, W_p]` (`W_p = W' + (kW - 1)·dW`, and a few values of slack), B's row `(c, ki,
-/// kj)` is that copy from `c·H_p·W_p + ki·dH·W_p + kj·dW` on, so that its column `y·W_p + x`
-/// is output pixel `(y, x)`; the columns `x ≥ W'` (a few per output row) are computed and
-/// dropped when the result is stored with the bias, rounded to `T` once.
+/// A convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per image that
+/// reads the input in place. The image is copied once, with its zero padding, as
+/// `stride[0] x stride[1]` phase planes per channel (plane `(p, q)` holds the padded
+/// input's rows `p, p + s0, ...` and columns `q, q + s1, ...`: `[H_q, W_q]`, `W_q = W' +`
+/// [`Geometry::extra_columns`]), so that tap `(ki, kj)` of channel `c` reads one plane at a
+/// fixed shift: B's row `(c, ki, kj)` is that plane from row `ki·dH / s0`, column
+/// `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`. The columns
+/// `x ≥ W'` (a few per output row) are computed and dropped when the result is stored
+/// with the bias, rounded to `T` once.
 fn implicit<T: Element>(
     input: &Tensor,
     weight: &Tensor,
@@ -114,22 +117,38 @@ fn implicit<T: Element>(
     let w = weight.elements::<T>()?;
     let (c, o, k) = (g.channels, g.out_channels, g.patch_len());
     let ([h, wd], [kh, kw], [dh, dw]) = (g.input, g.kernel, g.dilation);
-    let ([oh, ow], [top, left]) = (g.output, g.pad_before);
-    let (wp, hp) = (ow + (kw - 1) * dw, oh + (kh - 1) * dh);
-    let (plane, columns) = (hp * wp, oh * wp);
+    let ([oh, ow], [top, left], [sh, sw]) = (g.output, g.pad_before, g.stride);
+    // (`reads_shifted_rows` saw the planes' size fit.)
+    let [hq, wq] = g.phase_plane().expect("checked by reads_shifted_rows");
+    let (plane, columns) = (hq * wq, oh * wq);
+    let (row_phases, col_phases) = (g.phases(0), g.phases(1));
+    let per_channel = row_phases.len() * col_phases.len();
+    let index = |phases: &[usize], phase: usize| phases.binary_search(&phase).unwrap_or(0);
     let starts: Vec<usize> = (0..c * kh * kw)
         .map(|row| {
             let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
-            channel * plane + ki * dh * wp + kj * dw
+            let (p, q) = (
+                index(&row_phases, ki * dh % sh),
+                index(&col_phases, kj * dw % sw),
+            );
+            let plane_index = channel * per_channel + p * col_phases.len() + q;
+            plane_index * plane + ki * dh / sh * wq + kj * dw / sw
         })
         .collect();
     // The padding stays zero: every image writes the same interior.
-    let mut padded = host_zeros::<T>("conv2d", c * plane + (kw - 1) * dw)?;
-    let mut product = host_zeros::<f32>("conv2d", o * columns)?;
+    let planes = c * per_channel;
+    let len = g.phase_planes_len().expect("checked by reads_shifted_rows");
+    let mut padded = host_zeros::<T>("conv2d", len)?;
     let mut out = host_zeros::<T>("conv2d", g.batch * o * oh * ow)?;
     if out.is_empty() {
         return Ok(out);
     }
+    // Every element is stored by the GEMM: a kept buffer needs no zeroing.
+    let mut kept = PRODUCT.take();
+    if kept.len() < o * columns {
+        kept = host_zeros::<f32>("conv2d", o * columns)?;
+    }
+    let product = &mut kept[..o * columns];
     let bias: Vec<f32> = match bias {
         Some(bias) => bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect(),
         None => vec![0.0; o],
@@ -140,17 +159,39 @@ fn implicit<T: Element>(
     let per_thread = |count: usize| count.div_ceil(threads.max(1)).max(1);
     for (image, out) in out.chunks_exact_mut(o * oh * ow).enumerate() {
         let source = &x[image * c * h * wd..][..c * h * wd];
-        let planes: Vec<(usize, &mut [T])> = padded[..c * plane]
-            .chunks_mut(per_thread(c) * plane)
+        let chunks: Vec<(usize, &mut [T])> = padded[..planes * plane]
+            .chunks_mut(per_thread(planes) * plane)
             .enumerate()
-            .map(|(i, chunk)| (i * per_thread(c), chunk))
+            .map(|(i, chunk)| (i * per_thread(planes), chunk))
             .collect();
-        crate::runtime::threads::for_each(planes, &|(first, chunk): (usize, &mut [T])| {
+        crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
             for (i, to) in chunk.chunks_exact_mut(plane).enumerate() {
-                let from = &source[(first + i) * h * wd..][..h * wd];
-                // (Unit stride: H_p = top + H + bottom and W_p = left + W + right.)
-                for (y, line) in from.chunks_exact(wd).enumerate() {
-                    to[(top + y) * wp + left..][..wd].copy_from_slice(line);
+                let (channel, phase) = ((first + i) / per_channel, (first + i) % per_channel);
+                let (p, q) = (
+                    row_phases[phase / col_phases.len()],
+                    col_phases[phase % col_phases.len()],
+                );
+                let from = &source[channel * h * wd..][..h * wd];
+                // Plane column x' reads input column x'·s1 + q - left, where that is inside.
+                let shift = q as isize - left as isize;
+                let inside = inside(shift, sw, wd, wq);
+                if inside.is_empty() {
+                    continue; // (the plane holds padding only)
+                }
+                for (y, row) in to.chunks_exact_mut(wq).enumerate() {
+                    let Some(iy) = (y * sh + p).checked_sub(top).filter(|&iy| iy < h) else {
+                        continue;
+                    };
+                    let line = &from[iy * wd..][..wd];
+                    let first = (inside.start * sw).wrapping_add_signed(shift);
+                    let row = &mut row[inside.clone()];
+                    if sw == 1 {
+                        row.copy_from_slice(&line[first..][..row.len()]);
+                    } else {
+                        for (value, &v) in row.iter_mut().zip(line[first..].iter().step_by(sw)) {
+                            *value = v;
+                        }
+                    }
                 }
             }
         });
@@ -169,7 +210,7 @@ fn implicit<T: Element>(
                 cs: 1,
             };
             let b = (&padded[..], &starts[..]);
-            gemm::gemm_rows(&mut product, (o, columns, k), a, b, rounding, threads);
+            gemm::gemm_rows(product, (o, columns, k), a, b, rounding, threads);
             Ok(())
         })?;
         let channels: Vec<(usize, &mut [T])> = out
@@ -183,7 +224,7 @@ fn implicit<T: Element>(
                     &product[(first + i) * columns..][..columns],
                     bias[first + i],
                 );
-                for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wp)) {
+                for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wq)) {
                     for (t, &f) in line.iter_mut().zip(from) {
                         *t = T::from_f32(f + b);
                     }
@@ -191,7 +232,20 @@ fn implicit<T: Element>(
             }
         });
     }
+    if kept.len() <= KEPT_PRODUCT {
+        PRODUCT.set(kept);
+    }
     Ok(out)
+}
+
+/// f32 values of an implicit convolution's product a thread keeps for its next call, at
+/// most (16 MiB): fresh pages for it cost a 7x7/2 stem's GEMM (3 MiB of products) as much
+/// as the GEMM itself on an AMD EPYC VM.
+const KEPT_PRODUCT: usize = 1 << 22;
+
+thread_local! {
+    /// The product buffer of this thread's last implicit convolution (see [`implicit`]).
+    static PRODUCT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A convolution whose groups each read one input channel (depthwise, with any channel

@@ -144,19 +144,59 @@ impl Geometry {
         self.kernel == [1, 1] && self.stride == [1, 1] && self.pad_before == [0, 0]
     }
 
-    /// Whether the CPU reads the input in place as shifted rows of its padded copy (an
-    /// implicit GEMM) instead of unfolding it: unit stride, one group, not pointwise, not
-    /// f64 (whose GEMM is the reference one), and the columns computed past each output
-    /// row (the kernel's extent beyond one column) no more than a fifth of the row's (3x3
-    /// kernels from 10 columns on: on an AMD EPYC, 14x14 ran 3% faster than unfolded, 7x7
-    /// 3% slower).
+    /// Whether the CPU reads the input in place as shifted rows of padded phase planes of
+    /// it (an implicit GEMM) instead of unfolding it: one group, not pointwise, not f64
+    /// (whose GEMM is the reference one), the columns computed past each output row
+    /// ([`Geometry::extra_columns`]) no more than a fifth of the row's (3x3 kernels from 10
+    /// columns on: on an AMD EPYC, 14x14 ran 3% faster than unfolded, 7x7 3% slower), and
+    /// the planes no more than twice the unfolded input.
     pub fn reads_shifted_rows(&self, dtype: DType) -> bool {
-        let dropped = (self.kernel[1] - 1) * self.dilation[1];
-        self.stride == [1, 1]
-            && self.groups == 1
+        let unfolded = self.patch_len().saturating_mul(self.pixels());
+        self.groups == 1
             && !self.is_pointwise()
             && dtype != DType::F64
-            && dropped * 5 <= self.output[1]
+            && self.extra_columns() * 5 <= self.output[1]
+            && self
+                .phase_planes_len()
+                .is_some_and(|len| len <= unfolded.saturating_mul(2))
+    }
+
+    /// The columns an implicit GEMM computes past each output row: the kernel's extent
+    /// beyond one column, in steps of the stride.
+    pub fn extra_columns(&self) -> usize {
+        (self.kernel[1] - 1) * self.dilation[1] / self.stride[1]
+    }
+
+    /// The stride phases the taps of dimension `d` fall on (`tap · dilation mod stride`),
+    /// each once, ascending: the phase planes an implicit GEMM makes along `d`.
+    pub fn phases(&self, d: usize) -> Vec<usize> {
+        let mut phases: Vec<usize> = (0..self.kernel[d])
+            .map(|tap| tap * self.dilation[d] % self.stride[d])
+            .collect();
+        phases.sort_unstable();
+        phases.dedup();
+        phases
+    }
+
+    /// The phase planes' size, `[H_q, W_q]`: the output's, plus the kernel's extent beyond
+    /// one row or column in steps of the stride; `None` where it overflows.
+    pub fn phase_plane(&self) -> Option<[usize; 2]> {
+        let rows = (self.kernel[0] - 1) * self.dilation[0] / self.stride[0];
+        Some([
+            self.output[0].checked_add(rows)?,
+            self.output[1].checked_add(self.extra_columns())?,
+        ])
+    }
+
+    /// Elements of one image's phase planes and the slack after them (the last plane's rows
+    /// are read up to [`Geometry::extra_columns`] past its end); `None` where they overflow.
+    pub fn phase_planes_len(&self) -> Option<usize> {
+        let [hq, wq] = self.phase_plane()?;
+        self.channels
+            .checked_mul(self.phases(0).len() * self.phases(1).len())?
+            .checked_mul(hq)?
+            .checked_mul(wq)?
+            .checked_add(self.extra_columns())
     }
 }
 
@@ -302,7 +342,7 @@ pub struct ConvChoice {
     pub backend: String,
     /// `direct depthwise` (CPU, one input channel per group), `gemm` (1×1 kernels, unit
     /// stride, no padding: no unfolding; on the CPU with one group), `implicit gemm` (CPU,
-    /// unit stride, one group: B's rows read in place from the padded input, see
+    /// one group: B's rows read in place from padded phase planes of the input, see
     /// [`Geometry::reads_shifted_rows`]) or `im2col+gemm`.
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
