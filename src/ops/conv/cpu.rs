@@ -135,14 +135,26 @@ fn implicit<T: Element>(
             plane_index * plane + ki * dh / sh * wq + kj * dw / sw
         })
         .collect();
-    // The padding stays zero: every image writes the same interior.
     let planes = c * per_channel;
     let len = g.phase_planes_len().expect("checked by reads_shifted_rows");
-    let mut padded = host_zeros::<T>("conv2d", len)?;
     let mut out = host_zeros::<T>("conv2d", g.batch * o * oh * ow)?;
     if out.is_empty() {
         return Ok(out);
     }
+    // The planes, in a buffer kept per thread (as 32-bit words) and zeroed: the padding
+    // stays zero as every image writes the same interior.
+    let mut kept_planes = PLANES.take();
+    let words = (len * std::mem::size_of::<T>()).div_ceil(4);
+    kept_planes.clear();
+    kept_planes
+        .try_reserve(words)
+        .map_err(|_| crate::Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes: words as u64 * 4,
+            why: "conv2d: the padded input planes".into(),
+        })?;
+    kept_planes.resize(words, 0.0);
+    let padded = &mut bytemuck::cast_slice_mut::<f32, T>(&mut kept_planes)[..len];
     // Every element is stored by the GEMM: a kept buffer needs no zeroing.
     let mut kept = PRODUCT.take();
     if kept.len() < o * columns {
@@ -209,7 +221,7 @@ fn implicit<T: Element>(
                 rs: k,
                 cs: 1,
             };
-            let b = (&padded[..], &starts[..]);
+            let b = (&*padded, &starts[..]);
             gemm::gemm_rows(product, (o, columns, k), a, b, rounding, threads);
             Ok(())
         })?;
@@ -235,17 +247,23 @@ fn implicit<T: Element>(
     if kept.len() <= KEPT_PRODUCT {
         PRODUCT.set(kept);
     }
+    if kept_planes.len() <= KEPT_PRODUCT {
+        PLANES.set(kept_planes);
+    }
     Ok(out)
 }
 
-/// f32 values of an implicit convolution's product a thread keeps for its next call, at
-/// most (16 MiB): fresh pages for it cost a 7x7/2 stem's GEMM (3 MiB of products) as much
-/// as the GEMM itself on an AMD EPYC VM.
+/// f32 values (or 32-bit words of planes) of an implicit convolution's product and padded
+/// input planes a thread keeps for its next call, at most (16 MiB each): fresh pages for
+/// the product cost a 7x7/2 stem's GEMM (3 MiB of products) as much as the GEMM itself on
+/// an AMD EPYC VM, and fresh planes a third of a 3x3 64-channel convolution at 56x56.
 const KEPT_PRODUCT: usize = 1 << 22;
 
 thread_local! {
     /// The product buffer of this thread's last implicit convolution (see [`implicit`]).
     static PRODUCT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Its padded input planes, as 32-bit words.
+    static PLANES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// A convolution whose groups each read one input channel (depthwise, with any channel
