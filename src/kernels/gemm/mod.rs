@@ -77,8 +77,8 @@ impl<'a, T: Element> MatView<'a, T> {
 }
 
 /// B as the packed path reads it: a strided view, or rows of one buffer at listed starts,
-/// element `(k, j)` at `data[starts[k] + j]` (the shifted rows of an image, which a
-/// stride-1 convolution reads in place instead of unfolding them).
+/// element `(k, j)` at `data[starts[k] + j]` (shifted rows of an image's padded phase
+/// planes, which a convolution reads in place instead of unfolding them).
 #[derive(Clone, Copy)]
 pub(crate) enum BOperand<'a, T> {
     View(MatView<'a, T>),
@@ -224,10 +224,12 @@ pub(crate) fn gemm_rows<T: Element>(
 ) {
     assert!(
         c.len() == m * n && starts.len() == k,
-        "the output holds m x n floats"
+        "the output holds m x n floats and B has k rows"
     );
     assert!(
-        starts.iter().all(|&s| s + n <= data.len()),
+        starts
+            .iter()
+            .all(|&s| s.checked_add(n).is_some_and(|end| end <= data.len())),
         "every row of B lies in its buffer"
     );
     if m == 0 || n == 0 || k == 0 {
