@@ -98,10 +98,11 @@ fn run<T: Element>(
 }
 
 /// A convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per image that
-/// reads the input in place. The image is copied once, with its zero padding, as
-/// `stride[0] x stride[1]` phase planes per channel (plane `(p, q)` holds the padded
-/// input's rows `p, p + s0, ...` and columns `q, q + s1, ...`: `[H_q, W_q]`, `W_q = W' +`
-/// [`Geometry::extra_columns`]), so that tap `(ki, kj)` of channel `c` reads one plane at a
+/// reads the input in place. The image is copied once, with its zero padding, as phase
+/// planes: per channel, one per pair of stride phases its taps fall on ([`Geometry::phases`];
+/// plane `(p, q)` holds the padded input's rows `p, p + s0, ...` and columns `q, q + s1,
+/// ...`: `[H_q, W_q]`, `W_q = W' +` [`Geometry::extra_columns`]), so that tap `(ki, kj)` of
+/// channel `c` reads one plane at a
 /// fixed shift: B's row `(c, ki, kj)` is that plane from row `ki·dH / s0`, column
 /// `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`. The columns
 /// `x ≥ W'` (a few per output row) are computed and dropped when the result is stored
@@ -123,7 +124,11 @@ fn implicit<T: Element>(
     let (plane, columns) = (hq * wq, oh * wq);
     let (row_phases, col_phases) = (g.phases(0), g.phases(1));
     let per_channel = row_phases.len() * col_phases.len();
-    let index = |phases: &[usize], phase: usize| phases.binary_search(&phase).unwrap_or(0);
+    let index = |phases: &[usize], phase: usize| {
+        phases
+            .binary_search(&phase)
+            .expect("`phases` lists every tap's phase")
+    };
     let starts: Vec<usize> = (0..c * kh * kw)
         .map(|row| {
             let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
