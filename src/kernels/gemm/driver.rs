@@ -101,7 +101,7 @@ pub(super) fn gemm_with<T: Element>(
         shares.items(),
     );
     let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
-    let kc_max = if mk.pairs { 2 * KC_STEPS } else { KC_STEPS };
+    let kc_max = mk.kc_max();
     let steps = mk.steps(kc_max.min(k));
     // The calling thread's packed-B buffer, kept between calls: allocating and zeroing it
     // per call costs small products a tenth of their time.
@@ -235,17 +235,18 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
 ) {
     let shares = Shares::new(mk, (m, n, k), threads);
     let (mr, nr, pairs) = (mk.mr, mk.nr, mk.pairs);
-    let kc_max = if mk.pairs { 2 * KC_STEPS } else { KC_STEPS };
-    // The K blocks and where each one's panel steps start in a packed B panel.
-    let k_blocks: Vec<(usize, usize)> = (0..k)
+    let kc_max = mk.kc_max();
+    // The K blocks (first index, length, packed steps) and where each one's steps start in
+    // a packed B panel, which holds them all (`all_steps`).
+    let mut all_steps = 0;
+    let k_blocks: Vec<(usize, usize, usize, usize)> = (0..k)
         .step_by(kc_max)
-        .scan(0, |at, pc| {
-            let start = *at;
-            *at += mk.steps(kc_max.min(k - pc));
-            Some((pc, start))
+        .map(|pc| {
+            let (kc, at) = (kc_max.min(k - pc), all_steps);
+            all_steps += mk.steps(kc);
+            (pc, kc, mk.steps(kc), at)
         })
         .collect();
-    let all_steps = mk.steps(k % kc_max) + k / kc_max * mk.steps(kc_max);
     let nc_max = (NARROWED_B_FLOATS / all_steps / nr * nr).clamp(nr, NC);
     let mut packed_b = PACKED_B.take();
     let b_len = nc_max.min(n).div_ceil(nr) * nr * all_steps;
@@ -263,11 +264,11 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
     let worker = |t: usize, team: usize| {
         let barrier = barrier.get_or_init(|| Barrier::new(team));
         let (mut a_block, mut sums) = (A_BLOCK.take(), SUMS.take());
-        let item_rows = shares.a_panels.div_ceil(shares.row_blocks) * mr;
+        let item_panels = shares.a_panels.div_ceil(shares.row_blocks);
         a_block.resize(
             a_block
                 .len()
-                .max(item_rows / mr * mr * mk.steps(kc_max.min(k))),
+                .max(item_panels * mr * mk.steps(kc_max.min(k))),
             0.0,
         );
         for (&jc, next) in blocks.iter().zip(&counters) {
@@ -276,8 +277,7 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
             let per = b_panels.div_ceil(team);
             let mine = (t * per).min(b_panels)..((t + 1) * per).min(b_panels);
             // Panel p holds every K block, one after another.
-            for &(pc, at) in &k_blocks {
-                let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+            for &(pc, kc, ks, at) in &k_blocks {
                 for panel in mine.clone() {
                     // SAFETY: threads pack disjoint panels of the packed B (all_steps x nr
                     // floats each), which nobody reads before the barrier below.
@@ -311,8 +311,7 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
                 );
                 let width = b_range.len() * nr;
                 sums.resize(sums.len().max(a_range.len() * mr * width), 0.0);
-                for &(pc, at) in &k_blocks {
-                    let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+                for &(pc, kc, ks, at) in &k_blocks {
                     let a_buf = &mut a_block[..a_range.len() * mr * ks];
                     pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                     for jp in b_range.clone() {
@@ -331,7 +330,7 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
                                     sums.as_mut_ptr().add(y * width + x),
                                     width,
                                     mr.min(m - ip * mr),
-                                    nr.min(jc + nc - (jc + jp * nr)),
+                                    nr.min(nc - jp * nr),
                                     pc > 0,
                                 )
                             };

@@ -104,6 +104,15 @@ impl Micro {
     fn steps(&self, kc: usize) -> usize {
         if self.pairs { kc.div_ceil(2) } else { kc }
     }
+
+    /// K indices per K block: [`driver::KC_STEPS`] steps.
+    fn kc_max(&self) -> usize {
+        if self.pairs {
+            2 * driver::KC_STEPS
+        } else {
+            driver::KC_STEPS
+        }
+    }
 }
 
 /// The micro-kernel for a product whose inputs are bf16 values (bf16 data, or f32 rounded

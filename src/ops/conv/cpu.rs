@@ -102,11 +102,10 @@ fn run<T: Element>(
 /// planes: per channel, one per pair of stride phases its taps fall on ([`Geometry::phases`];
 /// plane `(p, q)` holds the padded input's rows `p, p + s0, ...` and columns `q, q + s1,
 /// ...`: `[H_q, W_q]`, `W_q = W' +` [`Geometry::extra_columns`]), so that tap `(ki, kj)` of
-/// channel `c` reads one plane at a
-/// fixed shift: B's row `(c, ki, kj)` is that plane from row `ki·dH / s0`, column
-/// `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`. The columns
-/// `x ≥ W'` (a few per output row) are computed and dropped when the result is stored
-/// with the bias, rounded to `T` once.
+/// channel `c` reads one plane at a fixed shift: B's row `(c, ki, kj)` is that plane from row
+/// `ki·dH / s0`, column `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`.
+/// The columns `x ≥ W'` (a few per output row) are computed and dropped when the result is
+/// stored with the bias, rounded to `T` once.
 fn implicit<T: Element>(
     input: &Tensor,
     weight: &Tensor,
@@ -173,14 +172,9 @@ fn implicit<T: Element>(
     let (rounding, note) = crate::ops::matmul::cpu_rounding(T::DTYPE);
     let micro = gemm::packed_micro::<T>(rounding).name;
     let threads = crate::get_num_threads();
-    let per_thread = |count: usize| count.div_ceil(threads.max(1)).max(1);
     for (image, out) in out.chunks_exact_mut(o * oh * ow).enumerate() {
         let source = &x[image * c * h * wd..][..c * h * wd];
-        let chunks: Vec<(usize, &mut [T])> = padded[..planes * plane]
-            .chunks_mut(per_thread(planes) * plane)
-            .enumerate()
-            .map(|(i, chunk)| (i * per_thread(planes), chunk))
-            .collect();
+        let chunks = per_thread(&mut padded[..planes * plane], plane);
         crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
             for (i, to) in chunk.chunks_exact_mut(plane).enumerate() {
                 let (channel, phase) = ((first + i) / per_channel, (first + i) % per_channel);
@@ -199,16 +193,7 @@ fn implicit<T: Element>(
                     let Some(iy) = (y * sh + p).checked_sub(top).filter(|&iy| iy < h) else {
                         continue;
                     };
-                    let line = &from[iy * wd..][..wd];
-                    let first = (inside.start * sw).wrapping_add_signed(shift);
-                    let row = &mut row[inside.clone()];
-                    if sw == 1 {
-                        row.copy_from_slice(&line[first..][..row.len()]);
-                    } else {
-                        for (value, &v) in row.iter_mut().zip(line[first..].iter().step_by(sw)) {
-                            *value = v;
-                        }
-                    }
+                    gather(&from[iy * wd..][..wd], (shift, sw), inside.clone(), row);
                 }
             }
         });
@@ -230,11 +215,7 @@ fn implicit<T: Element>(
             gemm::gemm_rows(product, (o, columns, k), a, b, rounding, threads);
             Ok(())
         })?;
-        let channels: Vec<(usize, &mut [T])> = out
-            .chunks_mut(per_thread(o) * oh * ow)
-            .enumerate()
-            .map(|(i, chunk)| (i * per_thread(o), chunk))
-            .collect();
+        let channels = per_thread(out, oh * ow);
         crate::runtime::threads::for_each(channels, &|(first, chunk): (usize, &mut [T])| {
             for (i, to) in chunk.chunks_exact_mut(oh * ow).enumerate() {
                 let (sums, b) = (
@@ -294,13 +275,7 @@ where
     let [h, w] = g.input;
     let [kh, kw] = g.kernel;
     let multiplier = g.group_out_channels();
-    let planes = g.batch * o;
-    let per = planes.div_ceil(crate::get_num_threads().max(1)).max(1);
-    let chunks: Vec<(usize, &mut [T])> = out
-        .chunks_mut(per * p)
-        .enumerate()
-        .map(|(i, c)| (i * per, c))
-        .collect();
+    let chunks = per_thread(&mut out, p);
     crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
         let mut source = vec![A::default(); h * w];
         let mut acc = vec![A::default(); p];
@@ -401,13 +376,7 @@ fn add_bias<T: Element>(out: &mut [T], bias: &[T], pixels: usize) {
     if pixels == 0 || bias.is_empty() {
         return;
     }
-    let rows = out.len() / pixels;
-    let per = rows.div_ceil(crate::get_num_threads().max(1)).max(1);
-    let chunks: Vec<(usize, &mut [T])> = out
-        .chunks_mut(per * pixels)
-        .enumerate()
-        .map(|(i, c)| (i * per, c))
-        .collect();
+    let chunks = per_thread(out, pixels);
     crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
         for (r, row) in chunk.chunks_mut(pixels).enumerate() {
             let b = bias[(first + r) % bias.len()];
@@ -450,14 +419,7 @@ fn unfold<T: Element>(images: &[T], g: &Geometry, cols: &mut [T]) {
     let [kh, kw] = g.kernel;
     let [h, w] = g.input;
     let [oh, ow] = g.output;
-    let rows = cols.len() / p;
-    let threads = crate::get_num_threads().max(1);
-    let per = rows.div_ceil(threads).max(1);
-    let chunks: Vec<(usize, &mut [T])> = cols
-        .chunks_mut(per * p)
-        .enumerate()
-        .map(|(i, c)| (i * per, c))
-        .collect();
+    let chunks = per_thread(cols, p);
     crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
         for (r, row) in chunk.chunks_exact_mut(p).enumerate() {
             // Row = ((image · groups + group) · C/g + channel) · kH · kW + tap; the
@@ -479,20 +441,45 @@ fn unfold<T: Element>(images: &[T], g: &Geometry, cols: &mut [T]) {
                 let Some(iy) = iy.filter(|&iy| iy < h) else {
                     continue; // (the row is zero: the padding)
                 };
-                let line = &source[iy * w..][..w];
-                let out = &mut row[y * ow..][columns.clone()];
-                let first = (columns.start * g.stride[1]).wrapping_add_signed(shift);
-                if g.stride[1] == 1 {
-                    out.copy_from_slice(&line[first..][..out.len()]);
-                } else {
-                    for (value, &x) in out
-                        .iter_mut()
-                        .zip(line[first..].iter().step_by(g.stride[1]))
-                    {
-                        *value = x;
-                    }
-                }
+                let out = &mut row[y * ow..][..ow];
+                gather(
+                    &source[iy * w..][..w],
+                    (shift, g.stride[1]),
+                    columns.clone(),
+                    out,
+                );
             }
         }
     });
+}
+
+/// `row[x] = line[x · stride + shift]` for the columns `x` in `columns` (from [`inside`]:
+/// each reads inside `line`); a plain copy at unit stride.
+fn gather<T: Copy>(
+    line: &[T],
+    (shift, stride): (isize, usize),
+    columns: std::ops::Range<usize>,
+    row: &mut [T],
+) {
+    let first = (columns.start * stride).wrapping_add_signed(shift);
+    let out = &mut row[columns];
+    if stride == 1 {
+        out.copy_from_slice(&line[first..][..out.len()]);
+    } else {
+        for (value, &x) in out.iter_mut().zip(line[first..].iter().step_by(stride)) {
+            *value = x;
+        }
+    }
+}
+
+/// `buffer`, whole items of `item_len > 0` values, in one run of items per pool thread,
+/// each with the index of its first item.
+fn per_thread<T>(buffer: &mut [T], item_len: usize) -> Vec<(usize, &mut [T])> {
+    let items = buffer.len() / item_len;
+    let per = items.div_ceil(crate::get_num_threads().max(1)).max(1);
+    buffer
+        .chunks_mut(per * item_len)
+        .enumerate()
+        .map(|(i, chunk)| (i * per, chunk))
+        .collect()
 }

@@ -458,38 +458,26 @@ fn run_cpu<T: Element>(
         precision: note,
     };
     trace::kernel(describe, || {
+        let (a, b) = (a.host::<T>("matmul")?, b.host::<T>("matmul")?);
+        let bias: Option<Vec<f32>> = match bias {
+            Some(bias) => Some(bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect()),
+            None => None,
+        };
         if T::DTYPE != DType::F32 && special.is_none() {
             // The packed path rounds each block of sums into the output: no f32 copy of it.
             let mut out = host_zeros::<T>("matmul", p.outputs())?;
-            let bias = match bias {
-                Some(bias) => Some(bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect()),
-                None => None::<Vec<f32>>,
-            };
-            each_batch(
-                p,
-                &a.host::<T>("matmul")?,
-                &b.host::<T>("matmul")?,
-                &mut out,
-                threads,
-                |va, vb, c, threads| {
-                    let dims = (p.m, p.n, p.k);
-                    gemm::gemm_narrowed(c, dims, va, vb, bias.as_deref(), rounding, threads)
-                },
-            );
+            each_batch(p, &a, &b, &mut out, threads, |va, vb, c, threads| {
+                let dims = (p.m, p.n, p.k);
+                gemm::gemm_narrowed(c, dims, va, vb, bias.as_deref(), rounding, threads)
+            });
             return Tensor::from_vec(out, &p.out_shape, Device::Cpu);
         }
         let mut out = host_zeros::<f32>("matmul", p.outputs())?;
-        each_batch(
-            p,
-            &a.host::<T>("matmul")?,
-            &b.host::<T>("matmul")?,
-            &mut out,
-            threads,
-            |va, vb, c, threads| gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads),
-        );
-        if let Some(bias) = bias {
-            let bias: Vec<f32> = bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect();
-            add_rows(&mut out, &bias, threads);
+        each_batch(p, &a, &b, &mut out, threads, |va, vb, c, threads| {
+            gemm::gemm(c, p.m, p.n, p.k, va, vb, rounding, threads)
+        });
+        if let Some(bias) = &bias {
+            add_rows(&mut out, bias, threads);
         }
         Tensor::from_vec(
             narrow::<T>("matmul", out, threads)?,

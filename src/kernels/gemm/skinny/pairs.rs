@@ -87,8 +87,8 @@ fn groups(m: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// Columns `j0..j1` of `A · B` into `out` (`m` rows of `j1 - j0`), from A's pair words
-/// `a` ([`pair_rows`], in the layout for `rows_layout`) and a bf16 B, streamed by rows (`rows_layout`, `cs = 1`) or read as
-/// the rows of a weight (`rs = 1`).
+/// `a` ([`pair_rows`], in the layout for `rows_layout`) and a bf16 B, streamed by rows
+/// (`rows_layout`, `cs = 1`) or read as the rows of a weight (`rs = 1`).
 ///
 /// `cs = 1` with `rows_layout`, else `rs = 1` (asserted, as is every element B's loops read).
 ///
