@@ -1,6 +1,6 @@
 //! Times this library's CUDA kernels on device 0 for `scripts/device-check.sh`, which
-//! prints them next to PyTorch's: GEMM (generated kernels, cuBLAS, cuBLASLt) and attention (flash,
-//! memory-efficient), medians of timed runs with the device synchronised, and each one's
+//! prints them next to PyTorch's: GEMM (generated kernels, cuBLAS, cuBLASLt), attention (flash,
+//! memory-efficient, cuDNN) and a 3x3 convolution (cuDNN, generated kernels), medians of timed runs with the device synchronised, and each one's
 //! relative error against a float64 reference on a smaller problem. One line per work:
 //! `name<TAB>TFLOP/s<TAB>relative error`.
 //!
@@ -9,6 +9,7 @@
 use std::time::Instant;
 
 use backends::attention::{SdpBackend, sdpa_kernel};
+use backends::conv::{Conv2dOptions, Padding};
 use backends::cuda::{self, BlasBackend, PREFERRED_BLAS, matmul::FP32_PRECISION};
 use backends::{DType, Device, Fp32Precision, SdpaOptions, Tensor, matmul, sdpa};
 
@@ -163,6 +164,37 @@ fn decode(b: usize, lk: usize) -> backends::Result<(f64, f64)> {
     Ok((flops / seconds / 1e12, rel_err(&got, &want)))
 }
 
+/// A 3x3 convolution (padding 1) in `dtype`: throughput at `[32, 256, 28, 28]` by
+/// `[256, 256, 3, 3]` and the error at `[2, 64, 14, 14]` by `[64, 64, 3, 3]` against the CPU's
+/// float64 convolution of the same (rounded) inputs.
+fn conv(dtype: DType) -> backends::Result<(f64, f64)> {
+    let device = Device::Cuda(0);
+    let options = Conv2dOptions {
+        padding: Padding::Explicit([1, 1]),
+        ..Default::default()
+    };
+    let operands = |n: usize, c: usize, hw: usize, seed: u64| -> backends::Result<[Tensor; 2]> {
+        Ok([
+            Tensor::from_f64(
+                &values(n * c * hw * hw, seed),
+                &[n, c, hw, hw],
+                dtype,
+                device,
+            )?,
+            Tensor::from_f64(&values(c * c * 9, seed + 1), &[c, c, 3, 3], dtype, device)?,
+        ])
+    };
+    let (n, c, hw) = (32, 256, 28);
+    let [x, w] = operands(n, c, hw, 5)?;
+    let seconds = median(10, || backends::conv2d(&x, &w, &options).map(drop))?;
+    let flops = 2.0 * (n * c * hw * hw * c * 9) as f64;
+    let [x, w] = operands(2, 64, 14, 7)?;
+    let got = backends::conv2d(&x, &w, &options)?.to_f64()?;
+    let on_host = |t: &Tensor| Tensor::from_f64(&t.to_f64()?, t.shape(), DType::F64, Device::Cpu);
+    let want = backends::conv2d(&on_host(&x)?, &on_host(&w)?, &options)?.to_f64()?;
+    Ok((flops / seconds / 1e12, rel_err(&got, &want)))
+}
+
 fn main() -> backends::Result<()> {
     if cuda::device_count() == 0 {
         eprintln!(
@@ -213,6 +245,20 @@ fn main() -> backends::Result<()> {
             format!("SDPA decode bf16 b{b} h32 d128 Lk{lk}"),
             decode(b, lk),
         );
+    }
+    for (dtype, name, tf32) in [
+        (DType::Bf16, "bf16", false),
+        (DType::F32, "f32 ieee", false),
+        (DType::F32, "f32 tf32", true),
+    ] {
+        let _tf32 = backends::cudnn::ALLOW_TF32.guard(tf32);
+        for (enabled, path) in [(true, "cudnn"), (false, "generated")] {
+            let _cudnn = backends::cudnn::ENABLED.guard(enabled);
+            print(
+                format!("conv2d {name} 3x3 n32 c256 28x28 {path}"),
+                conv(dtype),
+            );
+        }
     }
     Ok(())
 }

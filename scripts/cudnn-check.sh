@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Checks the cuDNN attention graph (src/sdpa/cudnn.rs) on a machine without a GPU:
+# Checks the cuDNN graphs (attention: src/ops/sdpa/cudnn.rs, convolution:
+# src/ops/conv/cudnn.rs) on a machine without a GPU:
 #  - installs cuDNN 9 from PyPI (nvidia-cudnn-cu12, a ~700 MB download) into .cuda/;
 #  - builds a stand-in libcuda.so.1 into .cuda/stub/: cuDNN's engine library links against
 #    the driver, and without one cuDNN refuses to finalize operations. Every call of the
 #    stand-in reports "no device"; it is only put on the library path of this check;
-#  - runs the unit test that builds the attention graph for f16/bf16, causal or not, with
-#    and without dropout, and finalizes every tensor and operation descriptor in it.
+#  - runs the unit tests that build the attention graph for f16/bf16, causal or not, with
+#    and without dropout, and the convolution graph for f32/f16/bf16 (grouped, strided,
+#    padded; a wrong output size refused), finalizing every tensor and operation descriptor.
 # What needs a GPU (the operation graph, cuDNN's engine choice, execution) is tested by
 # tests/cuda.rs on a lent GPU (scripts/device-check.sh).
 set -euo pipefail
@@ -33,4 +35,4 @@ C
   cc -shared -fPIC -o "$stub/libcuda.so.1" -Wl,-soname,libcuda.so.1 "$stub/cuda_stub.c"
 fi
 LD_LIBRARY_PATH="$lib:$stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  cargo test --release --lib sdpa::cudnn -- --nocapture
+  cargo test --release --lib cudnn -- --nocapture

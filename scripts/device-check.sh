@@ -13,16 +13,18 @@
 #       builds offline from the vendored crates when cargo is there (else uses .device/bin),
 #       runs the CUDA tests (every generated module loads and exposes its kernels on the
 #       GPU; PTX assembled for the GPU's arch; device memory, GEMM under each precision flag,
-#       split-K, cuBLAS and attention against float64), the `backends` report and
+#       split-K, cuBLAS, attention and cuDNN convolution against float64), the `backends` report and
 #       self-checks, then
 #       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient / cuDNN
-#       SDPA forced through torch.nn.attention.sdpa_kernel, each against a float64 reference.
+#       SDPA forced through torch.nn.attention.sdpa_kernel, and a 3x3 conv2d (cuDNN), each
+#       against a float64 reference.
 #       The vendor libraries (cuBLAS, cuBLASLt, cuFFT, cuDNN) are PyTorch's wheels' copies,
 #       put on LD_LIBRARY_PATH.
 #       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
 #
 # Then it times ours on the same GPU (examples/cuda_speed.rs: generated GEMM kernels,
-# cuBLAS and cuBLASLt, flash, memory-efficient and cuDNN attention) and prints both side by
+# cuBLAS and cuBLASLt, flash, memory-efficient and cuDNN attention, conv2d through cuDNN and
+# the generated kernels) and prints both side by
 # side.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -195,6 +197,15 @@ for b in (1, 8):
     err = rel(F.scaled_dot_product_attention(qs, ks, vs), (qs.double() @ ks.double().transpose(-1, -2) / 128 ** 0.5).softmax(-1) @ vs.double())
     rows.append((name, 4 * b * 32 * 8192 * 128 / t / 1e12, err))
 
+for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32 ieee"), (torch.float32, "f32 tf32")]:
+    torch.backends.cudnn.allow_tf32 = name == "f32 tf32"
+    x, w = torch.randn(32, 256, 28, 28, device=dev, dtype=dtype), torch.randn(256, 256, 3, 3, device=dev, dtype=dtype)
+    t = timed(lambda: F.conv2d(x, w, padding=1))
+    xs, ws = torch.randn(2, 64, 14, 14, device=dev, dtype=dtype), torch.randn(64, 64, 3, 3, device=dev, dtype=dtype)
+    err = rel(F.conv2d(xs, ws, padding=1), F.conv2d(xs.double(), ws.double(), padding=1))
+    rows.append((f"conv2d {name} 3x3 n32 c256 28x28", 2 * 32 * 256 * 28 * 28 * 256 * 9 / t / 1e12, err))
+torch.backends.cudnn.allow_tf32 = True
+
 import os
 ours = {}
 for line in open(os.environ["OURS"]):
@@ -205,7 +216,7 @@ for line in open(os.environ["OURS"]):
 print()
 print(f"{'work':48} {'ours TFLOP/s':>12} {'ours err':>9} {'torch TFLOP/s':>13} {'torch err':>9} {'ours/torch':>10}")
 for name, tflops, err in rows:
-    paths = [" generated", " cublas", " cublaslt"] if name.startswith("GEMM") else [""]
+    paths = {"GEMM": [" generated", " cublas", " cublaslt"], "conv2d": [" cudnn", " generated"]}.get(name.split()[0], [""])
     for path in paths:
         mine, mine_err = ours.get(name + path, ["-", "-"])
         try:

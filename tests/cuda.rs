@@ -860,6 +860,8 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
     let Some(d) = gpu() else { return };
     let device = Device::Cuda(d);
     let _ieee = backends::cudnn::ALLOW_TF32.guard_scoped(false);
+    // On a GPU with cuDNN loadable, cuDNN would convolve.
+    let _generated = backends::cudnn::ENABLED.guard_scoped(false);
     // The small cases (the interpreter runs every thread of every launch).
     for case in cases()
         .into_iter()
@@ -914,6 +916,127 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
         "{choice:?}"
     );
     assert!(choice.libraries.contains("cudnn"), "{choice:?}");
+}
+
+/// conv2d through cuDNN's graph (a GPU of the driver and cuDNN 9): every case in every type
+/// against the float64 convolution, TF32 coarser than IEEE under `cudnn.allow_tf32`,
+/// `cudnn.deterministic` runs bit-identical, `cudnn.benchmark` choosing among every engine,
+/// and the choice in `explain` and the trace.
+#[test]
+fn conv2d_runs_through_cudnn_under_its_flags() {
+    use common::conv::{BASE, Case, bound, cases, check_on};
+    let Some(d) = gpu() else { return };
+    if cuda::get_device_name(d).is_some_and(|n| n.starts_with("PTX interpreter")) {
+        eprintln!("skipped: cuDNN runs on a GPU of the driver, not on the PTX interpreter");
+        return;
+    }
+    if !cudnn_loadable() {
+        return;
+    }
+    let device = Device::Cuda(d);
+    let _ieee = backends::cudnn::ALLOW_TF32.guard_scoped(false);
+    for case in cases() {
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            let err = check_on(&case, dtype, device);
+            assert!(err < bound(dtype), "cudnn {dtype} {case:?}: {err:e}");
+        }
+    }
+    let tensor = |shape: &[usize], dtype| {
+        let n = shape.iter().product();
+        Tensor::from_f64(&random(n), shape, dtype, device).unwrap()
+    };
+    let (x, w) = (
+        tensor(&[2, 3, 4, 4], DType::F32),
+        tensor(&[4, 3, 3, 3], DType::F32),
+    );
+    let choice = backends::conv::explain(&x, &w, &Default::default()).unwrap();
+    assert_eq!(choice.lowering, "cudnn graph", "{choice:?}");
+    assert_eq!(choice.backend, format!("cuda:{d}/cudnn"), "{choice:?}");
+    assert!(choice.libraries.contains("heuristics"), "{choice:?}");
+
+    // A shape large enough for tensor-core engines: TF32 is coarser than IEEE.
+    let large = Case {
+        n: 4,
+        c: 128,
+        hw: [28, 28],
+        o: 128,
+        padding: backends::conv::Padding::Explicit([1, 1]),
+        ..BASE
+    };
+    let ieee = check_on(&large, DType::F32, device);
+    let tf32 = {
+        let _tf32 = backends::cudnn::ALLOW_TF32.guard_scoped(true);
+        check_on(&large, DType::F32, device)
+    };
+    eprintln!("cudnn conv2d f32: ieee {ieee:e}, tf32 {tf32:e}");
+    assert!(ieee < 1e-5, "ieee {ieee:e}");
+    assert!(
+        tf32 > 3.0 * ieee && tf32 < 1e-2,
+        "tf32 {tf32:e} vs ieee {ieee:e}"
+    );
+
+    // Deterministic engines only: two runs give the same bits.
+    let (x, w) = (
+        tensor(&[2, 64, 20, 20], DType::Bf16),
+        tensor(&[64, 64, 3, 3], DType::Bf16),
+    );
+    let options = backends::conv::Conv2dOptions {
+        padding: backends::conv::Padding::Same,
+        ..Default::default()
+    };
+    {
+        let _deterministic = backends::cudnn::flags_scoped(backends::cudnn::Flags {
+            deterministic: Some(true),
+            ..Default::default()
+        });
+        let choice = backends::conv::explain(&x, &w, &options).unwrap();
+        assert!(
+            choice.libraries.contains("deterministic only"),
+            "{choice:?}"
+        );
+        let first = backends::conv2d(&x, &w, &options)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        let second = backends::conv2d(&x, &w, &options)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        assert!(
+            first
+                .iter()
+                .zip(&second)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "deterministic cuDNN runs differ"
+        );
+    }
+
+    // Benchmarking every engine cuDNN offers for a new shape; the trace names cuDNN.
+    let _benchmark = backends::cudnn::flags_scoped(backends::cudnn::Flags {
+        benchmark: Some(true),
+        benchmark_limit: Some(0),
+        ..Default::default()
+    });
+    let case = Case {
+        c: 24,
+        o: 40,
+        hw: [17, 15],
+        stride: [2, 1],
+        ..BASE
+    };
+    let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    for dtype in [DType::F32, DType::Bf16] {
+        let err = check_on(&case, dtype, device);
+        assert!(err < bound(dtype), "cudnn benchmark {dtype}: {err:e}");
+    }
+    let lines = capture.take();
+    assert!(
+        lines.iter().any(|l| l.contains(",conv2d,")
+            && l.contains("/cudnn cudnn graph")
+            && l.contains("fastest of all offered")),
+        "{lines:?}"
+    );
 }
 
 /// Split-KV decoding on CUDA: the memory-efficient kernel computes the key chunks as the

@@ -9,7 +9,8 @@ pub static ENABLED: Flag<bool> = Flag::new("cudnn.enabled", true, None);
 pub static ALLOW_TF32: Flag<bool> = Flag::new("cudnn.allow_tf32", true, None);
 /// Only deterministic cuDNN algorithms (see [`crate::deterministic_required`]).
 pub static DETERMINISTIC: Flag<bool> = Flag::new("cudnn.deterministic", false, None);
-/// Benchmark candidate algorithms and keep the fastest (cuDNN attention: its plans per shape).
+/// Benchmark candidate algorithms and keep the fastest (cuDNN attention and convolution:
+/// their plans per shape).
 pub static BENCHMARK: Flag<bool> = Flag::new("cudnn.benchmark", false, None);
 /// How many algorithms benchmarking tries (0: every one).
 pub static BENCHMARK_LIMIT: Flag<u32> = Flag::new("cudnn.benchmark_limit", 10, None);

@@ -194,7 +194,7 @@ fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
 }
 
 /// Adds `bias` (`[channels]`) in place to the contiguous `out` (`[.., channels, inner]`).
-fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Result<()> {
+pub(super) fn add_bias(out: &Tensor, bias: &Tensor, channels: usize, inner: usize) -> Result<()> {
     let n = out.numel();
     if n == 0 {
         return Ok(());

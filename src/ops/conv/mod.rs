@@ -14,14 +14,18 @@
 //! NNPACK is not used: `nnpack::is_available()` is false on every build we ship, and the
 //! trace says why when `nnpack.flags(enabled)` is on.
 //!
-//! wgpu (f32) and CUDA (f32, f16, bf16) tensors convolve on their device (`conv/device.rs`):
-//! the generated im2col kernel unfolds the input, `matmul`'s generated GEMMs multiply each
-//! group's weight with it in one batched call, and the generated bias kernel adds the bias.
-//! On CUDA the fp32 GEMM follows `cudnn.allow_tf32` (TF32 by default, as PyTorch's
-//! convolutions do) instead of matmul's flag; cuDNN's own convolution is not wired in yet,
-//! which the trace says.
+//! CUDA tensors (f32, f16, bf16) convolve through cuDNN's backend graph API while
+//! `cudnn.enabled` is on and cuDNN 9 loads (`conv/cudnn.rs`): `cudnn.allow_tf32`,
+//! `cudnn.deterministic`, `cudnn.benchmark` and `cudnn.benchmark_limit` choose its engine
+//! as in PyTorch. Otherwise, and on wgpu (f32, bf16), the generated kernels convolve on the
+//! device (`conv/device.rs`): the im2col kernel unfolds the input, `matmul`'s generated
+//! GEMMs multiply each group's weight with it in one batched call, and the bias kernel adds
+//! the bias; on CUDA their fp32 GEMM follows `cudnn.allow_tf32` (TF32 by default, as
+//! PyTorch's convolutions do) instead of matmul's flag.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cudnn;
 mod device;
 pub mod nnpack;
 
@@ -338,16 +342,17 @@ fn check_operands(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Res
 /// How a convolution runs: what [`explain`] answers and the trace line shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvChoice {
-    /// Where, and by what: `cpu`, or the device and its `generated` kernels.
+    /// Where, and by what: `cpu`, or the device and `cudnn` or its `generated` kernels.
     pub backend: String,
     /// `direct depthwise` (CPU, one input channel per group), `gemm` (1×1 kernels, unit
     /// stride, no padding: no unfolding; on the CPU with one group), `implicit gemm` (CPU,
     /// one group: B's rows read in place from padded phase planes of the input, see
-    /// [`Geometry::reads_shifted_rows`]) or `im2col+gemm`.
+    /// [`Geometry::reads_shifted_rows`]), `im2col+gemm`, or `cudnn graph` (cuDNN's engine).
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
     pub precision: String,
-    /// Why the vendor libraries (NNPACK on the CPU, cuDNN on CUDA) did not run.
+    /// How cuDNN chooses its engine (on CUDA), or why the vendor libraries (NNPACK on the
+    /// CPU, cuDNN on CUDA) did not run.
     pub libraries: String,
 }
 
@@ -378,7 +383,9 @@ fn plan(
         )));
     }
     let device = input.device();
-    let lowering = if device == Device::Cpu && g.group_channels() == 1 && g.groups > 1 {
+    let lowering = if cudnn_serves(device) {
+        "cudnn graph"
+    } else if device == Device::Cpu && g.group_channels() == 1 && g.groups > 1 {
         "direct depthwise"
     } else if device == Device::Cpu && g.reads_shifted_rows(input.dtype()) {
         "implicit gemm"
@@ -390,6 +397,7 @@ fn plan(
     let choice = ConvChoice {
         backend: match device {
             Device::Cpu => "cpu".into(),
+            device if lowering == CUDNN => format!("{device}/cudnn"),
             device => format!("{device}/generated"),
         },
         lowering,
@@ -403,7 +411,7 @@ fn plan(
         },
         libraries: match device {
             Device::Cpu => nnpack_note(),
-            device => cudnn_note(device).into(),
+            device => cudnn_note(device),
         },
     };
     Ok((g, choice))
@@ -440,16 +448,48 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
     };
     trace::kernel(describe, || match device {
         Device::Cpu => cpu::conv2d(input, weight, options.bias, &g),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) if choice.lowering == CUDNN => {
+            cudnn::conv2d(ordinal, input, weight, options.bias, &g)
+        }
         _ => device::conv2d(input, weight, options.bias, &g),
     })
 }
 
-/// Why cuDNN's convolution did not run, for the trace.
-fn cudnn_note(device: Device) -> &'static str {
+/// The lowering of a convolution cuDNN runs.
+const CUDNN: &str = "cudnn graph";
+
+/// Whether cuDNN convolves on `device`: a CUDA device of the driver (not the interpreter),
+/// `cudnn.enabled` on and cuDNN 9 loadable, in a build with the `cuda` feature.
+fn cudnn_serves(device: Device) -> bool {
+    cfg!(feature = "cuda")
+        && matches!(device, Device::Cuda(_))
+        && !crate::runtime::cuda::is_interpreted()
+        && crate::core::cudnn::enabled()
+        && crate::runtime::cuda::cudnn_version().is_some_and(|v| v >= 90000)
+}
+
+/// How cuDNN's engine is chosen, or why cuDNN did not run, for the trace.
+fn cudnn_note(device: Device) -> String {
+    use crate::core::cudnn;
     match device {
-        Device::Cuda(_) if !crate::core::cudnn::enabled() => "cudnn off (cudnn.enabled)",
-        Device::Cuda(_) => "cudnn convolution not wired in: generated kernels",
-        _ => "no cudnn on wgpu",
+        _ if cudnn_serves(device) => {
+            let mut note = match (cudnn::benchmark(), cudnn::benchmark_limit()) {
+                (false, _) => "cudnn engine: heuristics' first".to_string(),
+                (true, 0) => "cudnn engine: fastest of all offered (benchmark)".into(),
+                (true, n) => format!("cudnn engine: fastest of the first {n} (benchmark)"),
+            };
+            if crate::core::determinism::deterministic_required() {
+                note.push_str(", deterministic only");
+            }
+            note
+        }
+        Device::Cuda(_) if !cudnn::enabled() => "cudnn off (cudnn.enabled)".into(),
+        Device::Cuda(_) if crate::runtime::cuda::is_interpreted() => {
+            "no cudnn on the PTX interpreter: generated kernels".into()
+        }
+        Device::Cuda(_) => "cudnn 9 not loadable: generated kernels".into(),
+        _ => "no cudnn on wgpu".into(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! CUDA through cudarc's dynamically loaded driver API: the devices the driver reports
 //! (`driver.rs`), one `CudaDevice` per device that owns its context, stream,
 //! loaded modules and per-device library state (`device.rs`), the choice of module image
-//! (`loader.rs`), memory (`memory.rs`) and kernel launches (`launch.rs`). Nothing links
+//! (`loader.rs`), memory (`memory.rs`), kernel launches (`launch.rs`) and cuDNN's backend
+//! graph API with its per-device plans (`cudnn.rs`). Nothing links
 //! against CUDA: without a driver the queries answer 0 / `None`.
 //!
 //! Builds without the `cuda` feature compile `stub.rs` in place of the device, driver,
@@ -9,6 +10,8 @@
 //! (opening a device) fails with the reason. The ops' CUDA paths compile unchanged in both
 //! builds; only the vendor-library bindings (cuBLAS, cuDNN, cuFFT) are feature-gated.
 
+#[cfg(feature = "cuda")]
+pub(crate) mod cudnn;
 #[cfg(feature = "cuda")]
 pub(crate) mod device;
 #[cfg(feature = "cuda")]
