@@ -1,6 +1,7 @@
 //! Times this library's CUDA kernels on device 0 for `scripts/device-check.sh`, which
 //! prints them next to PyTorch's: GEMM (generated kernels, cuBLAS, cuBLASLt), attention (flash,
-//! memory-efficient, cuDNN) and a 3x3 convolution (cuDNN, generated kernels), medians of timed runs with the device synchronised, and each one's
+//! memory-efficient, cuDNN), a 3x3 convolution (cuDNN, generated kernels) and linear algebra
+//! (cuSOLVER: `inv`, `cholesky`, `eigh`, at nominal flop counts), medians of timed runs with the device synchronised, and each one's
 //! relative error against a float64 reference on a smaller problem. One line per work:
 //! `name<TAB>TFLOP/s<TAB>relative error`.
 //!
@@ -195,6 +196,43 @@ fn conv(dtype: DType) -> backends::Result<(f64, f64)> {
     Ok((flops / seconds / 1e12, rel_err(&got, &want)))
 }
 
+/// `linalg` op `name` in f32 at n = 1024 (a well-conditioned symmetric positive-definite
+/// input): throughput at a nominal flop count and the error against the CPU's float64
+/// result at n = 128.
+fn linalg(name: &str) -> backends::Result<(f64, f64)> {
+    use backends::linalg;
+    let device = Device::Cuda(0);
+    let spd = |n: usize, dtype: DType, on: Device| -> backends::Result<Tensor> {
+        let mut a = values(n * n, 9);
+        for i in 0..n {
+            for j in 0..i {
+                a[i * n + j] = a[j * n + i];
+            }
+            a[i * n + i] += n as f64;
+        }
+        Tensor::from_f64(&a, &[n, n], dtype, on)
+    };
+    let run = |a: &Tensor| -> backends::Result<Tensor> {
+        match name {
+            "inv" => linalg::inv(a),
+            "cholesky" => linalg::cholesky(a, false),
+            _ => linalg::eigvalsh(a, false),
+        }
+    };
+    let n = 1024;
+    let a = spd(n, DType::F32, device)?;
+    let seconds = median(5, || run(&a).map(drop))?;
+    let cube = (n * n * n) as f64;
+    let flops = match name {
+        "inv" => 2.0 * cube,
+        "cholesky" => cube / 3.0,
+        _ => 4.0 / 3.0 * cube,
+    };
+    let got = run(&spd(128, DType::F32, device)?)?.to_f64()?;
+    let want = run(&spd(128, DType::F64, Device::Cpu)?)?.to_f64()?;
+    Ok((flops / seconds / 1e12, rel_err(&got, &want)))
+}
+
 fn main() -> backends::Result<()> {
     if cuda::device_count() == 0 {
         eprintln!(
@@ -259,6 +297,9 @@ fn main() -> backends::Result<()> {
                 conv(dtype),
             );
         }
+    }
+    for op in ["inv", "cholesky", "eigvalsh"] {
+        print(format!("linalg {op} f32 n=1024"), linalg(op));
     }
     Ok(())
 }

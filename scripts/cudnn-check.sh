@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Checks the cuDNN graphs (attention: src/ops/sdpa/cudnn.rs, convolution:
 # src/ops/conv/cudnn.rs) on a machine without a GPU:
-#  - installs cuDNN 9 from PyPI (nvidia-cudnn-cu12, a ~700 MB download) into .cuda/;
+#  - installs cuDNN 9 from PyPI (nvidia-cudnn-cu12, a ~700 MB download) into .cuda/cudnn/
+#    (a folder of its own: pip --target --upgrade replaces the `nvidia` package folder, which
+#    in .cuda/ holds setup.sh's NVRTC and ptxas);
 #  - builds a stand-in libcuda.so.1 into .cuda/stub/: cuDNN's engine library links against
 #    the driver, and without one cuDNN refuses to finalize operations. Every call of the
 #    stand-in reports "no device"; it is only put on the library path of this check;
@@ -13,10 +15,10 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-lib="$root/.cuda/nvidia/cudnn/lib"
+lib="$root/.cuda/cudnn/nvidia/cudnn/lib"
 if [ ! -e "$lib/libcudnn.so.9" ]; then
-  echo "cudnn-check: installing cuDNN 9 from PyPI into .cuda/" >&2
-  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$root/.cuda" \
+  echo "cudnn-check: installing cuDNN 9 from PyPI into .cuda/cudnn/" >&2
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$root/.cuda/cudnn" \
     --upgrade nvidia-cudnn-cu12
 fi
 stub="$root/.cuda/stub"

@@ -16,8 +16,8 @@
 #       split-K, cuBLAS, attention and cuDNN convolution against float64), the `backends` report and
 #       self-checks, then
 #       measures PyTorch on the same GPU: GEMM (cuBLAS) and flash / memory-efficient / cuDNN
-#       SDPA forced through torch.nn.attention.sdpa_kernel, and a 3x3 conv2d (cuDNN), each
-#       against a float64 reference.
+#       SDPA forced through torch.nn.attention.sdpa_kernel, a 3x3 conv2d (cuDNN) and
+#       linalg inv / cholesky / eigvalsh (cuSOLVER), each against a float64 reference.
 #       The vendor libraries (cuBLAS, cuBLASLt, cuFFT, cuDNN) are PyTorch's wheels' copies,
 #       put on LD_LIBRARY_PATH.
 #       Prints a final table; the whole log goes to $OUT/device-check.log when $OUT is set.
@@ -205,6 +205,16 @@ for dtype, name in [(torch.bfloat16, "bf16"), (torch.float32, "f32 ieee"), (torc
     err = rel(F.conv2d(xs, ws, padding=1), F.conv2d(xs.double(), ws.double(), padding=1))
     rows.append((f"conv2d {name} 3x3 n32 c256 28x28", 2 * 32 * 256 * 28 * 28 * 256 * 9 / t / 1e12, err))
 torch.backends.cudnn.allow_tf32 = True
+
+def spd(n, dtype, device):
+    m = torch.randn(n, n, dtype=torch.float64)
+    return ((m + m.T) / 2 + n * torch.eye(n, dtype=torch.float64)).to(device=device, dtype=dtype)
+for op, fn, flops in [("inv", torch.linalg.inv, 2.0), ("cholesky", torch.linalg.cholesky, 1 / 3), ("eigvalsh", torch.linalg.eigvalsh, 4 / 3)]:
+    a = spd(1024, torch.float32, dev)
+    t = timed(lambda: fn(a), reps=5)
+    small = spd(128, torch.float64, "cpu")
+    err = ((fn(small.to(dev, torch.float32)).double().cpu() - fn(small)).norm() / fn(small).norm()).item()
+    rows.append((f"linalg {op} f32 n=1024", flops * 1024**3 / t / 1e12, err))
 
 import os
 ours = {}

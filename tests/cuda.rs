@@ -1039,6 +1039,55 @@ fn conv2d_runs_through_cudnn_under_its_flags() {
     );
 }
 
+/// Linear algebra on CUDA tensors through cuSOLVER (a GPU of the driver): every identity,
+/// typed error and edge case `tests/linalg.rs` checks on the CPU, on device tensors; the
+/// library and the preference's outcome in the trace. On the PTX interpreter the typed
+/// refusal.
+#[test]
+fn linalg_runs_through_cusolver() {
+    use common::linalg as checks;
+    let Some(d) = gpu() else { return };
+    let device = Device::Cuda(d);
+    if cuda::get_device_name(d).is_some_and(|n| n.starts_with("PTX interpreter")) {
+        let a = Tensor::from_f64(&[2.0, 1.0, 1.0, 3.0], &[2, 2], DType::F32, device).unwrap();
+        let err = backends::linalg::inv(&a).unwrap_err();
+        assert!(
+            matches!(err, backends::Error::Unavailable { .. })
+                && err.to_string().contains("PTX interpreter"),
+            "{err}"
+        );
+        eprintln!("skipped: cuSOLVER runs on a GPU of the driver, not on the PTX interpreter");
+        return;
+    }
+    checks::inv_times_input_is_the_identity(device);
+    checks::a_singular_matrix_is_an_error_naming_its_batch_element(device);
+    checks::cholesky_factors_reconstruct_the_input(device);
+    checks::cholesky_of_an_indefinite_matrix_names_the_minor_and_batch_element(device);
+    checks::cholesky_solve_and_inverse_broadcast_over_the_batch(device);
+    checks::lu_factor_pivots_and_lu_solve_match_the_input(device);
+    checks::lu_factor_refuses_a_zero_pivot_and_lu_accepts_it(device);
+    checks::lu_gives_a_permutation_times_unit_lower_times_upper(device);
+    checks::qr_is_orthonormal_times_upper_triangular_in_every_mode(device);
+    checks::eigh_diagonalises_symmetric_matrices_from_the_named_triangle(device);
+    checks::svd_reconstructs_the_input_full_and_thin(device);
+    checks::empty_batches_and_empty_matrices(device);
+    // Results stay on the device; the trace names cuSOLVER and what the preference led to.
+    let _magma = cuda::PREFERRED_LINALG.guard_scoped(cuda::LinalgBackend::Magma);
+    let _v = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    let a = Tensor::from_f64(&random(2 * 16), &[2, 4, 4], DType::F32, device).unwrap();
+    let s = backends::linalg::svdvals(&a).unwrap();
+    assert_eq!(s.device(), device);
+    let lines = capture.take();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("cuda:{d}/cusolver,linalg.svdvals"))
+                && l.contains("magma preferred")),
+        "{lines:?}"
+    );
+}
+
 /// Split-KV decoding on CUDA: the memory-efficient kernel computes the key chunks as the
 /// sequences of one packed call and the generated combine kernel merges them (f32, and bf16
 /// with flash turned off so that the memory-efficient kernel serves).

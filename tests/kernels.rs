@@ -214,6 +214,8 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         .concat(),
         // x; n; factor.
         Family::Scale => vec![B64, B64, F64],
+        // x; n, rows, cols, diagonal; keep_upper, unit_diagonal.
+        Family::Triangle => [n(B64, 5), n(B32, 2)].concat(),
         // src, dst; n, offset; 8 sizes; 8 strides.
         Family::StridedCopy => [n(B64, 2), n(B64, 18)].concat(),
         // src, dst; n, offset, height, width, out_h, out_w; kh, kw, 2 strides, 2 pads,

@@ -120,6 +120,14 @@ pub struct ScaleKey {
     pub elem: Elem,
 }
 
+/// One triangle of each matrix of a batch kept in place, the other zeroed (the factors
+/// linear algebra returns on CUDA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TriangleKey {
+    /// Element type.
+    pub elem: Elem,
+}
+
 /// Flash attention forward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlashKey {
@@ -217,11 +225,13 @@ pub enum Family {
     AttentionCombine,
     /// Element-wise type conversions.
     Convert,
+    /// Triangles of matrices kept, the rest zeroed.
+    Triangle,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 12] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
@@ -233,6 +243,7 @@ impl Family {
         Family::BiasAdd,
         Family::AttentionCombine,
         Family::Convert,
+        Family::Triangle,
     ];
 
     /// The family's name: its CUDA template's file stem.
@@ -249,6 +260,7 @@ impl Family {
             Family::BiasAdd => "bias_add",
             Family::AttentionCombine => "attention_combine",
             Family::Convert => "convert",
+            Family::Triangle => "triangle",
         }
     }
 
@@ -256,7 +268,7 @@ impl Family {
     pub fn wgsl_template(self) -> Option<&'static str> {
         match self {
             Family::Gemm => Some("gemm"),
-            Family::SplitKReduce | Family::Scale => None,
+            Family::SplitKReduce | Family::Scale | Family::Triangle => None,
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
             Family::MaskedSoftmax => Some("masked_softmax"),
             Family::StridedCopy => Some("strided_copy"),
@@ -310,6 +322,8 @@ pub enum KernelKey {
     AttentionCombine(AttentionCombineKey),
     /// An element-wise conversion.
     Convert(ConvertKey),
+    /// A triangle of each matrix kept.
+    Triangle(TriangleKey),
 }
 
 impl KernelKey {
@@ -327,6 +341,7 @@ impl KernelKey {
             KernelKey::BiasAdd(_) => Family::BiasAdd,
             KernelKey::AttentionCombine(_) => Family::AttentionCombine,
             KernelKey::Convert(_) => Family::Convert,
+            KernelKey::Triangle(_) => Family::Triangle,
         }
     }
 
@@ -350,6 +365,10 @@ impl KernelKey {
             KernelKey::Scale(k) => {
                 format!("KernelKey::Scale(ScaleKey {{ elem: {} }})", elem(k.elem))
             }
+            KernelKey::Triangle(k) => format!(
+                "KernelKey::Triangle(TriangleKey {{ elem: {} }})",
+                elem(k.elem)
+            ),
             KernelKey::FlashFwd(k) => format!(
                 "KernelKey::FlashFwd(FlashKey {{ elem: {}, head_dim: {}, causal: {} }})",
                 elem(k.elem),

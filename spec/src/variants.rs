@@ -203,6 +203,19 @@ fn scale(elem: Elem) -> Variant {
     }
 }
 
+fn triangle(elem: Elem) -> Variant {
+    Variant {
+        key: KernelKey::Triangle(TriangleKey { elem }),
+        name: format!("triangle_{}", elem.name()),
+        cuda: Some(CudaSpec {
+            defines: vec![cuda_t(elem)],
+            launch: ELEMENTWISE,
+            min_sm: 70,
+        }),
+        wgsl: None,
+    }
+}
+
 fn masked_softmax(elem: Elem, mask: MaskKind) -> Variant {
     let cuda_mask = if mask == MaskKind::Bool {
         "unsigned char"
@@ -475,6 +488,7 @@ pub fn all() -> Vec<Variant> {
     }
     for elem in [F32, F64] {
         v.push(scale(elem));
+        v.push(triangle(elem));
     }
     // One copy per element size: 2 (f16 and bf16), 4 and 8 bytes.
     for elem in [F16, F32, F64] {

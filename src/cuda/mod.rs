@@ -7,6 +7,7 @@
 
 pub mod matmul;
 
+pub use crate::ops::linalg::library::{LinalgBackend, PREFERRED_LINALG, preferred_linalg_library};
 pub use crate::ops::matmul::blas::{BlasBackend, PREFERRED_BLAS, preferred_blas_library};
 
 /// The SDPA backend switches (defined with the op, in [`crate::ops::sdpa::flags`]).
@@ -72,18 +73,6 @@ pub fn synchronize(ordinal: usize) -> crate::Result<()> {
 }
 
 option_enum! {
-    /// A linear-algebra library to prefer.
-    pub enum LinalgBackend ("linalg backend") {
-        /// The library's own choice.
-        Default = "default",
-        /// cuSOLVER.
-        Cusolver = "cusolver",
-        /// MAGMA.
-        Magma = "magma",
-    }
-}
-
-option_enum! {
     /// A flash-attention library to prefer on ROCm.
     pub enum RocmFaBackend ("ROCm flash-attention backend") {
         /// The library's own choice.
@@ -95,15 +84,6 @@ option_enum! {
     }
 }
 
-/// The preferred linear-algebra library. `TORCH_LINALG_PREFER_CUSOLVER=1` starts it at `cusolver`.
-pub static PREFERRED_LINALG: Flag<LinalgBackend> = Flag::new(
-    "cuda.preferred_linalg_library",
-    LinalgBackend::Default,
-    Some(EnvInit {
-        var: "TORCH_LINALG_PREFER_CUSOLVER",
-        parse: |s| (s == "1").then_some(LinalgBackend::Cusolver),
-    }),
-);
 /// The preferred ROCm flash-attention library. `TORCH_ROCM_FA_PREFER_CK=1` starts it at `ck`.
 pub static PREFERRED_ROCM_FA: Flag<RocmFaBackend> = Flag::new(
     "cuda.preferred_rocm_fa_library",
@@ -113,18 +93,6 @@ pub static PREFERRED_ROCM_FA: Flag<RocmFaBackend> = Flag::new(
         parse: |s| (s == "1").then_some(RocmFaBackend::Ck),
     }),
 );
-
-/// With `Some(backend)`, sets the preferred linear-algebra library; returns the one in force.
-///
-/// In PyTorch it chooses between cuSOLVER and MAGMA for `torch.linalg` on CUDA tensors. On
-/// this build `backends::linalg` runs on the CPU only, so no operation reads it yet
-/// (`backends info` says so).
-pub fn preferred_linalg_library(backend: Option<LinalgBackend>) -> LinalgBackend {
-    if let Some(backend) = backend {
-        PREFERRED_LINALG.set(backend);
-    }
-    PREFERRED_LINALG.get()
-}
 
 /// With `Some(backend)`, sets the preferred ROCm flash-attention library; returns the one in force.
 ///
@@ -169,10 +137,10 @@ pub(crate) fn report() -> serde_json::Value {
         "matmul": matmul::report(),
         "preferred_blas_library": PREFERRED_BLAS.report(),
         "preferred_linalg_library": PREFERRED_LINALG.report(),
+        "linalg_library": crate::ops::linalg::library::choice(),
+        "magma": crate::runtime::dylib::report(crate::ops::linalg::library::magma()),
         "preferred_rocm_fa_library": PREFERRED_ROCM_FA.report(),
         "read_by_nothing": {
-            "preferred_linalg_library": "linalg runs on the CPU only in this build (cuSOLVER \
-                and MAGMA are not wired in)",
             "preferred_rocm_fa_library": "no ROCm device is reachable from this library",
         },
         "sdp": crate::ops::sdpa::flags::report(),

@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod conv;
+pub mod linalg;
 pub mod serving;
 
 /// Fresh pseudo-random values in [-1, 1): each call continues one process-wide stream

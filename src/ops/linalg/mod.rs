@@ -10,13 +10,19 @@
 //! triangle `eigh` reads) give NaN for that matrix, as PyTorch's batched calls do.
 //!
 //! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread (faer's own rayon
-//! threads are left out: their spinning slowed both sides of a paired run). Tensors on wgpu or CUDA
-//! are refused with a typed error until cuSOLVER and MAGMA are wired in
-//! (`cuda::preferred_linalg_library` will choose between those); move them to the CPU.
+//! threads are left out: their spinning slowed both sides of a paired run). CUDA tensors
+//! factor on their device through cuSOLVER (`linalg/cusolver.rs`, loaded at run time), which
+//! `cuda::preferred_linalg_library` (`linalg/library.rs`) keeps under every preference as
+//! MAGMA's calls are not wired in; the trace says why. On CUDA a failed factorization of
+//! `eigh` or `svd` (a non-finite input among them) is [`LinAlgFailure::NoConvergence`]
+//! rather than NaN. wgpu tensors are refused with a typed error; move them to the CPU.
 //!
 //! [`LinAlgFailure`]: crate::core::error::LinAlgFailure
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cusolver;
+pub mod library;
 
 use std::sync::Mutex;
 
@@ -99,12 +105,12 @@ struct Batch {
 
 impl Batch {
     fn of(op: &'static str, t: &Tensor) -> Result<Batch> {
-        if t.device() != Device::Cpu {
+        if let Device::Wgpu(_) = t.device() {
             return Err(Error::Unavailable {
-                what: "linear algebra on this device",
+                what: "linear algebra on wgpu",
                 why: format!(
-                    "{op} runs on the CPU in this build (cuSOLVER and MAGMA are not wired in \
-                     yet); move the input with to_device(Device::Cpu)"
+                    "{op} runs on the CPU (faer) and on CUDA (cuSOLVER); move the input with \
+                     to_device(Device::Cpu)"
                 ),
             });
         }
@@ -285,19 +291,29 @@ fn traced<R>(
     shapes: &[&Tensor],
     body: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    let device = shapes.first().map_or(Device::Cpu, |t| t.device());
     let describe = || Call {
         kernel: op.into(),
-        backend: "cpu/faer".into(),
+        backend: match device {
+            Device::Cpu => "cpu/faer".into(),
+            device => format!("{device}/cusolver"),
+        },
         dtype,
         shapes: shapes
             .iter()
             .map(|t| format!("{:?}", t.shape()))
             .collect::<Vec<_>>()
             .join("x"),
-        precision: format!(
-            "{dtype} factorization, batch over {} threads",
-            crate::get_num_threads()
-        ),
+        precision: match device {
+            Device::Cpu => format!(
+                "{dtype} factorization, batch over {} threads",
+                crate::get_num_threads()
+            ),
+            _ => format!(
+                "{dtype} factorization, one matrix at a time; {}",
+                library::choice()
+            ),
+        },
     };
     trace::kernel(describe, body)
 }
@@ -327,6 +343,12 @@ pub fn inv(a: &Tensor) -> Result<Tensor> {
     const OP: &str = "linalg.inv";
     let batch = Batch::square(OP, a)?;
     let n = batch.rows;
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(OP, a.dtype(), &[a], || {
+            cusolver::inv(OP, &a.contiguous()?, batch.count, n)?.view(&batch.shape(&[n, n]))
+        });
+    }
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -346,6 +368,13 @@ pub fn cholesky(a: &Tensor, upper: bool) -> Result<Tensor> {
     const OP: &str = "linalg.cholesky";
     let batch = Batch::square(OP, a)?;
     let n = batch.rows;
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(OP, a.dtype(), &[a], || {
+            cusolver::cholesky(OP, &a.contiguous()?, batch.count, n, upper)?
+                .view(&batch.shape(&[n, n]))
+        });
+    }
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -364,6 +393,13 @@ pub fn cholesky_inverse(factor: &Tensor, upper: bool) -> Result<Tensor> {
     const OP: &str = "cholesky_inverse";
     let batch = Batch::square(OP, factor)?;
     let n = batch.rows;
+    #[cfg(feature = "cuda")]
+    if factor.device() != Device::Cpu {
+        return traced(OP, factor.dtype(), &[factor], || {
+            cusolver::cholesky_inverse(OP, &factor.contiguous()?, batch.count, n, upper)?
+                .view(&batch.shape(&[n, n]))
+        });
+    }
     traced(OP, factor.dtype(), &[factor], || {
         by_dtype!(factor.dtype(), T => {
             let data = factor.elements::<T>()?;
@@ -446,6 +482,13 @@ pub fn cholesky_solve(b: &Tensor, factor: &Tensor, upper: bool) -> Result<Tensor
         });
     }
     let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
+    #[cfg(feature = "cuda")]
+    if b.device() != Device::Cpu {
+        return traced(OP, b.dtype(), &[b, factor], || {
+            let factor = factor.contiguous()?;
+            cusolver::cholesky_solve(OP, b, &factor, (&dims, &pairs), (n, k), upper)
+        });
+    }
     traced(OP, b.dtype(), &[b, factor], || {
         by_dtype!(b.dtype(), T => {
             let (rhs, l) = (b.elements::<T>()?, factor.elements::<T>()?);
@@ -466,6 +509,17 @@ pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
     let batch = Batch::of(OP, a)?;
     let (m, n) = (batch.rows, batch.cols);
     let k = m.min(n);
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(OP, a.dtype(), &[a], || {
+            let (lu, pivots) =
+                cusolver::lu_factor(OP, &a.contiguous()?, batch.count, (m, n), true)?;
+            Ok(LuFactor {
+                lu: lu.view(&batch.shape(&[m, n]))?,
+                pivots: Tensor::from_vec(pivots, &batch.shape(&[k]), a.device())?,
+            })
+        });
+    }
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -488,6 +542,17 @@ pub fn lu(a: &Tensor) -> Result<Lu> {
     let batch = Batch::of(OP, a)?;
     let (m, n) = (batch.rows, batch.cols);
     let k = m.min(n);
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(OP, a.dtype(), &[a], || {
+            let [p, l, u] = cusolver::lu(&a.contiguous()?, batch.count, (m, n))?;
+            Ok(Lu {
+                p: p.view(&batch.shape(&[m, m]))?,
+                l: l.view(&batch.shape(&[m, k]))?,
+                u: u.view(&batch.shape(&[k, n]))?,
+            })
+        });
+    }
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -544,6 +609,13 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
     }
     let k = bb.cols;
     let (dims, pairs) = broadcast(OP, &bb.dims, &fb.dims)?;
+    #[cfg(feature = "cuda")]
+    if b.device() != Device::Cpu {
+        return traced(OP, b.dtype(), &[&factors.lu, b], || {
+            let packed = factors.lu.contiguous()?;
+            cusolver::lu_solve(OP, &packed, &pivots, b, (&dims, &pairs), (n, k))
+        });
+    }
     traced(OP, b.dtype(), &[&factors.lu, b], || {
         by_dtype!(b.dtype(), T => {
             let (rhs, packed) = (b.elements::<T>()?, &factors.lu.elements::<T>()?);
@@ -572,6 +644,21 @@ pub fn qr(a: &Tensor, mode: QrMode) -> Result<Qr> {
     let complete = mode == QrMode::Complete;
     let (q_cols, r_rows) = if complete { (m, m) } else { (k, k) };
     let q_size = if mode == QrMode::R { 0 } else { m * q_cols };
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(OP, a.dtype(), &[a], || {
+            let [q, r] = cusolver::qr(OP, &a.contiguous()?, batch.count, (m, n), mode)?;
+            let q_shape = if mode == QrMode::R {
+                vec![0]
+            } else {
+                batch.shape(&[m, q_cols])
+            };
+            Ok(Qr {
+                q: q.view(&q_shape)?,
+                r: r.view(&batch.shape(&[r_rows, n]))?,
+            })
+        });
+    }
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -616,6 +703,14 @@ fn eigen(
     let batch = Batch::square(op, a)?;
     let n = batch.rows;
     let vector_size = if vectors { n * n } else { 0 };
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(op, a.dtype(), &[a], || {
+            let (w, v) = cusolver::eigh(op, &a.contiguous()?, batch.count, n, upper, vectors)?;
+            let v = v.map(|v| v.view(&batch.shape(&[n, n]))).transpose()?;
+            Ok((w.view(&batch.shape(&[n]))?, v))
+        });
+    }
     traced(op, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
@@ -658,6 +753,20 @@ fn singular(
         Some(false) => (k, k),
         None => (0, 0),
     };
+    #[cfg(feature = "cuda")]
+    if a.device() != Device::Cpu {
+        return traced(op, a.dtype(), &[a], || {
+            let (s, vectors) = cusolver::svd(op, &a.contiguous()?, batch.count, (m, n), full)?;
+            let vectors = match vectors {
+                Some([u, vh]) => Some([
+                    u.view(&batch.shape(&[m, u_cols]))?,
+                    vh.view(&batch.shape(&[v_rows, n]))?,
+                ]),
+                None => None,
+            };
+            Ok((s.view(&batch.shape(&[k]))?, vectors))
+        });
+    }
     traced(op, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;

@@ -111,6 +111,22 @@ impl CudaBuffer {
         })
     }
 
+    /// A copy of `len` bytes from `offset` on the device (driver memory: what a vendor
+    /// library factors in place; the interpreted device has none, which the error says).
+    pub(crate) fn duplicate(&self, offset: usize, len: usize) -> Result<CudaBuffer> {
+        let view = self.driver_view(offset)?;
+        let source = view.slice(..len.min(view.len()));
+        let copy = CudaDevice::get(self.ordinal)?
+            .stream()?
+            .clone_dtod(&source)
+            .map_err(driver_error("cuMemcpyDtoD", self.ordinal, len))?;
+        Ok(CudaBuffer {
+            ordinal: self.ordinal,
+            memory: Memory::Driver(copy),
+            len,
+        })
+    }
+
     /// The bytes, copied to the host (waits for the kernels that write them).
     pub(crate) fn download(&self) -> Result<Vec<u8>> {
         let device = CudaDevice::get(self.ordinal)?;
