@@ -19,6 +19,22 @@
 //!
 //! [`LinAlgFailure`]: crate::core::error::LinAlgFailure
 
+/// Calls `$body` with `$t` bound to the element type of `$dtype` (f32 or f64).
+macro_rules! by_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            _ => {
+                type $t = f32;
+                $body
+            }
+        }
+    };
+}
+
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cusolver;
@@ -316,22 +332,6 @@ fn traced<R>(
         },
     };
     trace::kernel(describe, body)
-}
-
-/// Calls `$body` with `$t` bound to the element type of `$dtype` (f32 or f64).
-macro_rules! by_dtype {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            _ => {
-                type $t = f32;
-                $body
-            }
-        }
-    };
 }
 
 fn output(data: Vec<impl crate::Element>, shape: Vec<usize>) -> Result<Tensor> {
