@@ -11,7 +11,7 @@
 //!
 //! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread (faer's own rayon
 //! threads are left out: their spinning slowed both sides of a paired run). CUDA tensors
-//! factor on their device through cuSOLVER (`linalg/cusolver.rs`, loaded at run time), which
+//! factor on their device through cuSOLVER (`linalg/cusolver/`, loaded at run time), which
 //! `cuda::preferred_linalg_library` (`linalg/library.rs`) keeps under every preference as
 //! MAGMA's calls are not wired in; the trace says why. On CUDA a failed factorization of
 //! `eigh` or `svd` (a non-finite input among them) is [`LinAlgFailure::NoConvergence`]
