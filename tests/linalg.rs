@@ -201,3 +201,28 @@ fn pivots_are_i32_tensors_that_move_between_devices() {
         None => eprintln!("skipped: the wgpu half (no adapter here)"),
     }
 }
+
+/// A single large matrix is factored by faer over rayon's threads (`inv` from n = 512,
+/// `lu_factor` from 1024, where that is faster on two cores): the identities still hold, and
+/// a batch of two such matrices (each on a pool thread) gives the same results.
+#[test]
+fn single_large_matrices_factor_over_threads() {
+    let n = 600;
+    let a = well_conditioned(1, n);
+    let x = linalg::inv(&tensor(&a, &[n, n], DType::F64)).unwrap();
+    let product = common::reference(&a, &x.to_f64().unwrap(), n, n, n);
+    let err = common::rel_err(&product, &eye(1, n));
+    assert!(err < 1e-12, "inv {n}: {err:e}");
+    let two: Vec<f64> = a.iter().chain(&a).copied().collect();
+    let batched = linalg::inv(&tensor(&two, &[2, n, n], DType::F64)).unwrap();
+    let err = common::rel_err(&batched.to_f64().unwrap()[..n * n], &x.to_f64().unwrap());
+    assert!(err < 1e-13, "inv {n} batched: {err:e}");
+
+    let n = 1030;
+    let a = well_conditioned(1, n);
+    let factors = linalg::lu_factor(&tensor(&a, &[n, n], DType::F64)).unwrap();
+    let b = random(n * 2);
+    let x = linalg::lu_solve(&factors, &tensor(&b, &[n, 2], DType::F64)).unwrap();
+    let err = common::rel_err(&common::reference(&a, &x.to_f64().unwrap(), n, 2, n), &b);
+    assert!(err < 1e-12, "lu_factor {n}: {err:e}");
+}
