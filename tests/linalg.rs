@@ -202,11 +202,11 @@ fn pivots_are_i32_tensors_that_move_between_devices() {
     }
 }
 
-/// A single large matrix is factored by faer over rayon's threads (`inv` from n = 512,
-/// `lu_factor` from 1024, where that is faster on two cores): the identities still hold, and
-/// a batch of two such matrices (each on a pool thread) gives the same results.
+/// Large matrices (the column-major copies in tiles with ragged edges, the kept scratch and
+/// workspace reused by the next call): the identities hold, and a batch of two such
+/// matrices gives the single matrix's result.
 #[test]
-fn single_large_matrices_factor_over_threads() {
+fn large_matrices_alone_and_in_a_batch() {
     let n = 600;
     let a = well_conditioned(1, n);
     let x = linalg::inv(&tensor(&a, &[n, n], DType::F64)).unwrap();

@@ -155,13 +155,9 @@ fn zero_diagonal<T: Real>(u: MatRef<'_, T>) -> Option<usize> {
         .map(|i| i + 1)
 }
 
-/// `A⁻¹` of the `n × n` matrix `a`, with `par` threads inside the factorization.
-pub(crate) fn inv<T: Real>(
-    a: &[T],
-    n: usize,
-    out: &mut [T],
-    par: Par,
-) -> Result<(), LinAlgFailure> {
+/// `A⁻¹` of the `n × n` matrix `a`.
+pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), LinAlgFailure> {
+    let par = Par::Seq;
     // The factors and the inverse, column-major, in this thread's kept scratch.
     with_scratch(2 * n * n, |scratch: &mut [T]| {
         let (factors, x) = scratch.split_at_mut(n * n);
@@ -287,15 +283,14 @@ fn pivots_of(rows: &[usize], steps: usize, pivots: &mut [i32]) {
 }
 
 /// `lu_factor` of `a` (`m × n`): `L` (unit diagonal, not stored) and `U` packed into `packed`,
-/// LAPACK's pivots into `pivots` (`min(m, n)`); a zero pivot is an error. `par` threads work
-/// inside the factorization.
+/// LAPACK's pivots into `pivots` (`min(m, n)`); a zero pivot is an error.
 pub(crate) fn lu_factor<T: Real>(
     a: &[T],
     (m, n): (usize, usize),
     packed: &mut [T],
     pivots: &mut [i32],
-    par: Par,
 ) -> Result<(), LinAlgFailure> {
+    let par = Par::Seq;
     // Factored in place (column-major, faer's fast layout): L below the diagonal (its unit
     // diagonal implied) and U on and above it, LAPACK's packed form.
     with_scratch(m * n, |factors: &mut [T]| {

@@ -9,10 +9,9 @@
 //! `eigh`, `eigvalsh`, `svd` and `svdvals` of a matrix holding a non-finite value (in the
 //! triangle `eigh` reads) give NaN for that matrix, as PyTorch's batched calls do.
 //!
-//! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread; `inv` and `lu_factor`
-//! of a single large matrix spread it over rayon's threads instead (`within_matrix`; the
-//! other ops run faster single-threaded than PyTorch already, and faer's rayon threads once
-//! slowed both sides of a paired run there). CUDA tensors
+//! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread, each single-threaded
+//! (faer's `rayon` feature makes rayon the default of every faer call, which oversubscribed
+//! the pool: a 256 x 256 QR ran 20x slower). CUDA tensors
 //! factor on their device through cuSOLVER (`linalg/cusolver/`, loaded at run time), which
 //! `cuda::preferred_linalg_library` (`linalg/library.rs`) keeps under every preference as
 //! MAGMA's calls are not wired in; the trace says why. On CUDA a failed factorization of
@@ -336,18 +335,6 @@ fn traced<R>(
     trace::kernel(describe, body)
 }
 
-/// The threads faer uses inside one `inv` or `lu_factor`: the pool's count when the batch
-/// is a single matrix of at least `from` rows, else none (each pool thread factors whole
-/// matrices). On two AMD EPYC cores rayon's threads paid off from n = 512 for `inv` (4.8
-/// against 5.7 ms; 24 against 36 at 1024) and from 1024 for `lu_factor` (11.4 against 13.2
-/// ms; 2.5 against 2.1 at 512).
-fn within_matrix(count: usize, n: usize, from: usize) -> faer::Par {
-    match crate::get_num_threads() {
-        threads if count == 1 && n >= from && threads > 1 => faer::Par::rayon(threads),
-        _ => faer::Par::Seq,
-    }
-}
-
 fn output(data: Vec<impl crate::Element>, shape: Vec<usize>) -> Result<Tensor> {
     Tensor::from_vec(data, &shape, Device::Cpu)
 }
@@ -363,13 +350,12 @@ pub fn inv(a: &Tensor) -> Result<Tensor> {
             cusolver::inv(OP, &a.contiguous()?, batch.count, n)?.view(&batch.shape(&[n, n]))
         });
     }
-    let par = within_matrix(batch.count, n, 512);
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
             let (mut outs, _) = batched::<T>(OP, batch.count, &[n * n], 0, |item| {
                 let i = item.index;
-                cpu::inv(&data[i * n * n..][..n * n], n, item.outs[0], par)
+                cpu::inv(&data[i * n * n..][..n * n], n, item.outs[0])
             })?;
             output(outs.remove(0), batch.shape(&[n, n]))
         })
@@ -535,14 +521,13 @@ pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
             })
         });
     }
-    let par = within_matrix(batch.count, m.min(n), 1024);
     traced(OP, a.dtype(), &[a], || {
         by_dtype!(a.dtype(), T => {
             let data = a.elements::<T>()?;
             let (mut outs, pivots) = batched::<T>(OP, batch.count, &[m * n], k, |item| {
                 let i = item.index;
                 let Item { outs, pivots, .. } = item;
-                cpu::lu_factor(&data[i * m * n..][..m * n], (m, n), outs[0], pivots, par)
+                cpu::lu_factor(&data[i * m * n..][..m * n], (m, n), outs[0], pivots)
             })?;
             Ok(LuFactor {
                 lu: output(outs.remove(0), batch.shape(&[m, n]))?,
