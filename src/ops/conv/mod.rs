@@ -384,7 +384,7 @@ fn plan(
     }
     let device = input.device();
     let lowering = if cudnn_serves(device) {
-        "cudnn graph"
+        CUDNN
     } else if device == Device::Cpu && g.group_channels() == 1 && g.groups > 1 {
         "direct depthwise"
     } else if device == Device::Cpu && g.reads_shifted_rows(input.dtype()) {
