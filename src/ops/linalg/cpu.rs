@@ -7,6 +7,7 @@ use std::thread::LocalKey;
 
 use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
 use faer::linalg::lu::partial_pivoting;
+use faer::perm::PermRef;
 use faer::{Mat, MatMut, MatRef, Par, Side};
 
 use crate::core::error::LinAlgFailure;
@@ -155,44 +156,52 @@ fn zero_diagonal<T: Real>(u: MatRef<'_, T>) -> Option<usize> {
         .map(|i| i + 1)
 }
 
+/// Factors the column-major `lu` in place with partial pivoting (L below the diagonal, its
+/// unit diagonal implied; U on and above it: LAPACK's packed form), then runs `then` on the
+/// factors, the row permutation and a workspace that also has room for `extra`.
+fn factor_in_place<T: Real, R>(
+    mut lu: MatMut<'_, T>,
+    extra: StackReq,
+    then: impl FnOnce(MatRef<'_, T>, PermRef<'_, usize>, &mut MemStack) -> R,
+) -> R {
+    let (m, n, par) = (lu.nrows(), lu.ncols(), Par::Seq);
+    let (mut forward, mut inverse) = (vec![0usize; m], vec![0usize; m]);
+    let req =
+        partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default())
+            .or(extra);
+    with_workspace(req, |stack| {
+        let (_, perm) = partial_pivoting::factor::lu_in_place(
+            lu.as_mut(),
+            &mut forward,
+            &mut inverse,
+            par,
+            stack,
+            Default::default(),
+        );
+        then(lu.as_ref(), perm, stack)
+    })
+}
+
 /// `A⁻¹` of the `n × n` matrix `a`.
 pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), LinAlgFailure> {
-    let par = Par::Seq;
     // The factors and the inverse, column-major, in this thread's kept scratch.
     with_scratch(2 * n * n, |scratch: &mut [T]| {
         let (factors, x) = scratch.split_at_mut(n * n);
         transpose_into(a, (n, n), factors);
-        let mut lu = MatMut::from_column_major_slice_mut(factors, n, n);
-        let (mut forward, mut inverse) = (vec![0usize; n], vec![0usize; n]);
-        let req = partial_pivoting::factor::lu_in_place_scratch::<usize, T>(
-            n,
-            n,
-            par,
-            Default::default(),
-        )
-        .or(partial_pivoting::inverse::inverse_scratch::<usize, T>(
-            n, par,
-        ));
-        with_workspace(req, |stack| {
-            let (_, perm) = partial_pivoting::factor::lu_in_place(
-                lu.as_mut(),
-                &mut forward,
-                &mut inverse,
-                par,
-                stack,
-                Default::default(),
-            );
-            if let Some(diagonal) = zero_diagonal(lu.as_ref()) {
+        let lu = MatMut::from_column_major_slice_mut(factors, n, n);
+        let extra = partial_pivoting::inverse::inverse_scratch::<usize, T>(n, Par::Seq);
+        factor_in_place(lu, extra, |lu, perm, stack| {
+            if let Some(diagonal) = zero_diagonal(lu) {
                 return Err(LinAlgFailure::Singular { diagonal });
             }
             // L (unit, below the diagonal) and U (on and above it) are read from the packed
             // factors; the inverse reads only the triangles it writes.
             partial_pivoting::inverse::inverse(
                 MatMut::from_column_major_slice_mut(x, n, n),
-                lu.as_ref(),
-                lu.as_ref(),
+                lu,
+                lu,
                 perm,
-                par,
+                Par::Seq,
                 stack,
             );
             Ok(())
@@ -290,34 +299,18 @@ pub(crate) fn lu_factor<T: Real>(
     packed: &mut [T],
     pivots: &mut [i32],
 ) -> Result<(), LinAlgFailure> {
-    let par = Par::Seq;
-    // Factored in place (column-major, faer's fast layout): L below the diagonal (its unit
-    // diagonal implied) and U on and above it, LAPACK's packed form.
+    // Factored in place in this thread's scratch, column-major (faer's fast layout).
     with_scratch(m * n, |factors: &mut [T]| {
         transpose_into(a, (m, n), factors);
-        let mut lu = MatMut::from_column_major_slice_mut(factors, m, n);
-        let (mut forward, mut inverse) = (vec![0usize; m], vec![0usize; m]);
-        let req = partial_pivoting::factor::lu_in_place_scratch::<usize, T>(
-            m,
-            n,
-            par,
-            Default::default(),
-        );
-        with_workspace(req, |stack| {
-            partial_pivoting::factor::lu_in_place(
-                lu.as_mut(),
-                &mut forward,
-                &mut inverse,
-                par,
-                stack,
-                Default::default(),
-            );
-        });
-        if let Some(index) = zero_diagonal(lu.as_ref()) {
-            return Err(LinAlgFailure::ZeroPivot { index });
-        }
+        let lu = MatMut::from_column_major_slice_mut(factors, m, n);
+        factor_in_place(lu, StackReq::EMPTY, |lu, perm, _| {
+            if let Some(index) = zero_diagonal(lu) {
+                return Err(LinAlgFailure::ZeroPivot { index });
+            }
+            pivots_of(perm.arrays().0, m.min(n), pivots);
+            Ok(())
+        })?;
         transpose_into(factors, (n, m), packed);
-        pivots_of(&forward, m.min(n), pivots);
         Ok(())
     })
 }

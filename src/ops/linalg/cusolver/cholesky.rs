@@ -34,25 +34,23 @@ pub(in crate::ops::linalg) fn cholesky(
             // Row-major lower is column-major upper.
             let uplo = if upper { LOWER } else { UPPER };
             let base = address(&factor, &call.stream)?;
-            let (mut device, mut host) = (0usize, 0usize);
-            // SAFETY: a size query for the first matrix (live, n x n, lda n).
-            let status = unsafe {
-                sol::cusolverDnXpotrf_bufferSize(
-                    call.solver.handle,
-                    call.solver.params,
-                    uplo,
-                    n as i64,
-                    T::DATA,
-                    base as *const c_void,
-                    n as i64,
-                    T::DATA,
-                    &mut device,
-                    &mut host,
-                )
-            };
-            check(status, "cusolverDnXpotrf_bufferSize")?;
-            let (work, mut host_work) = call.workspaces(device, host)?;
-            let work_ptr = call.address(&work)?;
+            let mut work = call.workspace("cusolverDnXpotrf_bufferSize", |device, host| {
+                // SAFETY: a size query for the first matrix (live, n x n, lda n).
+                unsafe {
+                    sol::cusolverDnXpotrf_bufferSize(
+                        call.solver.handle,
+                        call.solver.params,
+                        uplo,
+                        n as i64,
+                        T::DATA,
+                        base as *const c_void,
+                        n as i64,
+                        T::DATA,
+                        device,
+                        host,
+                    )
+                }
+            })?;
             let step = (n * n * size_of::<T>()) as u64;
             for i in 0..count {
                 // SAFETY: matrix `i`, its info slot and the queried workspaces are live.
@@ -66,10 +64,10 @@ pub(in crate::ops::linalg) fn cholesky(
                         (base + i as u64 * step) as *mut c_void,
                         n as i64,
                         T::DATA,
-                        work_ptr as *mut c_void,
-                        device,
-                        host_work.as_mut_ptr().cast(),
-                        host,
+                        work.device_ptr as *mut c_void,
+                        work.device_bytes,
+                        work.host.as_mut_ptr().cast(),
+                        work.host_bytes,
                         call.info(i, 0),
                     )
                 };

@@ -1,6 +1,6 @@
 //! The LU family on cuSOLVER: `getrf`, and `getrs` for `inv` and `lu_solve`.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use cudarc::cusolver::sys as sol;
 
@@ -26,29 +26,13 @@ pub(in crate::ops::linalg) fn inv(
         let factors = transposed(&a.view(&[count, n, n])?)?;
         let x = host_matrices::<T>(ordinal, count, [n, n], |_, r, c| r == c)?;
         solve(ordinal, count, 2, |call| {
+            let (lu, x) = (address(&factors, &call.stream)?, address(&x, &call.stream)?);
+            let step = (n * n * size_of::<T>()) as u64;
             lu_in_place::<T>(call, &factors, count, [n, n], |i, pivots| {
-                let (lu, x) = (address(&factors, &call.stream)?, address(&x, &call.stream)?);
-                let step = (n * n * size_of::<T>()) as u64;
-                // SAFETY: matrix `i` of the factors (n x n, lda n) and of the identity, the
-                // pivots `getrf` wrote for it, and its info slot, all live on the device.
-                let status = unsafe {
-                    sol::cusolverDnXgetrs(
-                        call.solver.handle,
-                        call.solver.params,
-                        sol::cublasOperation_t::CUBLAS_OP_N,
-                        n as i64,
-                        n as i64,
-                        T::DATA,
-                        (lu + i as u64 * step) as *const c_void,
-                        n as i64,
-                        pivots,
-                        T::DATA,
-                        (x + i as u64 * step) as *mut c_void,
-                        n as i64,
-                        call.info(i, 1),
-                    )
-                };
-                check(status, "cusolverDnXgetrs")
+                let at = i as u64 * step;
+                // SAFETY: matrix `i` of the factors and of the identity (n x n), the pivots
+                // `getrf` wrote for it and its info slot are live on the device.
+                unsafe { getrs::<T>(call, (n, n), lu + at, pivots, x + at, call.info(i, 1)) }
             })?;
             call.check(op, 0, |diagonal| Some(LinAlgFailure::Singular { diagonal }))
         })?;
@@ -73,25 +57,23 @@ fn lu_in_place<T: Real>(
     }
     let (a, pivot_base) = (address(factors, &call.stream)?, call.address(&pivots)?);
     let (m, n) = (rows as i64, cols as i64);
-    let (mut device, mut host) = (0usize, 0usize);
-    // SAFETY: a size query for the first matrix (live, column-major, lda = rows).
-    let status = unsafe {
-        sol::cusolverDnXgetrf_bufferSize(
-            call.solver.handle,
-            call.solver.params,
-            m,
-            n,
-            T::DATA,
-            a as *const c_void,
-            m,
-            T::DATA,
-            &mut device,
-            &mut host,
-        )
-    };
-    check(status, "cusolverDnXgetrf_bufferSize")?;
-    let (work, mut host_work) = call.workspaces(device, host)?;
-    let work_ptr = call.address(&work)?;
+    let mut work = call.workspace("cusolverDnXgetrf_bufferSize", |device, host| {
+        // SAFETY: a size query for the first matrix (live, column-major, lda = rows).
+        unsafe {
+            sol::cusolverDnXgetrf_bufferSize(
+                call.solver.handle,
+                call.solver.params,
+                m,
+                n,
+                T::DATA,
+                a as *const c_void,
+                m,
+                T::DATA,
+                device,
+                host,
+            )
+        }
+    })?;
     let step = (rows * cols * size_of::<T>()) as u64;
     for i in 0..count {
         let ipiv = (pivot_base + (8 * i * k) as u64) as *mut i64;
@@ -108,10 +90,10 @@ fn lu_in_place<T: Real>(
                 m,
                 ipiv,
                 T::DATA,
-                work_ptr as *mut c_void,
-                device,
-                host_work.as_mut_ptr().cast(),
-                host,
+                work.device_ptr as *mut c_void,
+                work.device_bytes,
+                work.host.as_mut_ptr().cast(),
+                work.host_bytes,
                 call.info(i, 0),
             )
         };
@@ -119,6 +101,41 @@ fn lu_in_place<T: Real>(
         then(i, ipiv)?;
     }
     Ok(pivots)
+}
+
+/// `getrs`: solves `A X = B` in place for the `k` right sides at `rhs` (column-major `n × k`)
+/// from `getrf`'s factors at `lu` (column-major `n × n`) and their `pivots`, reporting into
+/// `info`.
+///
+/// # Safety
+/// The four addresses are device memory of those sizes, live until the stream runs the call.
+unsafe fn getrs<T: Real>(
+    call: &Call,
+    (n, k): (usize, usize),
+    lu: u64,
+    pivots: *const i64,
+    rhs: u64,
+    info: *mut c_int,
+) -> Result<()> {
+    // SAFETY: the caller's promise.
+    let status = unsafe {
+        sol::cusolverDnXgetrs(
+            call.solver.handle,
+            call.solver.params,
+            sol::cublasOperation_t::CUBLAS_OP_N,
+            n as i64,
+            k as i64,
+            T::DATA,
+            lu as *const c_void,
+            n as i64,
+            pivots,
+            T::DATA,
+            rhs as *mut c_void,
+            n as i64,
+            info,
+        )
+    };
+    check(status, "cusolverDnXgetrs")
 }
 
 /// The i64 pivots cuSOLVER wrote, as LAPACK's i32s.
@@ -221,26 +238,18 @@ pub(in crate::ops::linalg) fn lu_solve(
                 );
                 let size = size_of::<T>() as u64;
                 for (i, &[_, ia]) in pairs.iter().enumerate() {
-                    // SAFETY: factors `ia` (column-major n x n), their pivots, right side
-                    // `i` (n x k, ldb n) and info slot `i` are live on the device.
-                    let status = unsafe {
-                        sol::cusolverDnXgetrs(
-                            call.solver.handle,
-                            call.solver.params,
-                            sol::cublasOperation_t::CUBLAS_OP_N,
-                            n as i64,
-                            k as i64,
-                            T::DATA,
-                            (lu + (ia * n * n) as u64 * size) as *const c_void,
-                            n as i64,
+                    // SAFETY: factors `ia` (n x n), their pivots, right side `i` (n x k) and
+                    // info slot `i` are live on the device.
+                    unsafe {
+                        getrs::<T>(
+                            call,
+                            (n, k),
+                            lu + (ia * n * n) as u64 * size,
                             (ipiv + (8 * ia * n) as u64) as *const i64,
-                            T::DATA,
-                            (rhs + (i * n * k) as u64 * size) as *mut c_void,
-                            n as i64,
+                            rhs + (i * n * k) as u64 * size,
                             call.info(i, 0),
-                        )
-                    };
-                    check(status, "cusolverDnXgetrs")?;
+                        )?;
+                    }
                 }
             }
             call.check(op, 0, |_| None)

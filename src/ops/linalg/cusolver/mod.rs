@@ -272,12 +272,23 @@ impl Call<'_> {
         Ok(())
     }
 
-    /// Device workspace and host workspace of the sizes a `_bufferSize` call reported.
-    fn workspaces(&self, device: usize, host: usize) -> Result<(CudaBuffer, Vec<u8>)> {
-        Ok((
-            CudaBuffer::zeroed(self.ordinal, device.max(1))?,
-            vec![0u8; host.max(1)],
-        ))
+    /// The device and host workspaces of the sizes `query` (a 64-bit `_bufferSize` call, named
+    /// `name`, given where to write the device and the host bytes) reports.
+    fn workspace(
+        &self,
+        name: &'static str,
+        query: impl FnOnce(&mut usize, &mut usize) -> sol::cusolverStatus_t,
+    ) -> Result<Workspace> {
+        let (mut device_bytes, mut host_bytes) = (0, 0);
+        check(query(&mut device_bytes, &mut host_bytes), name)?;
+        let device = CudaBuffer::zeroed(self.ordinal, device_bytes.max(1))?;
+        Ok(Workspace {
+            device_ptr: self.address(&device)?,
+            _device: device,
+            device_bytes,
+            host: vec![0u8; host_bytes.max(1)],
+            host_bytes,
+        })
     }
 
     /// The device address of a buffer.
@@ -286,6 +297,15 @@ impl Call<'_> {
         let (ptr, _sync) = view.device_ptr(&self.stream);
         Ok(ptr)
     }
+}
+
+/// The workspaces of one factorization's calls, as its `_bufferSize` query sized them.
+struct Workspace {
+    _device: CudaBuffer,
+    device_ptr: u64,
+    device_bytes: usize,
+    host: Vec<u8>,
+    host_bytes: usize,
 }
 
 /// Runs `body` with device `ordinal`'s solver and `calls` info slots for each of `count`

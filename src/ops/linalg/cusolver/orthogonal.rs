@@ -44,27 +44,25 @@ pub(in crate::ops::linalg) fn qr(
             }
             let (base, tau_base) = (address(&factors, &call.stream)?, call.address(&tau)?);
             let (rows, cols) = (m as i64, n as i64);
-            let (mut device, mut host) = (0usize, 0usize);
-            // SAFETY: a size query for the first matrix (live, column-major, lda = m).
-            let status = unsafe {
-                sol::cusolverDnXgeqrf_bufferSize(
-                    call.solver.handle,
-                    call.solver.params,
-                    rows,
-                    cols,
-                    T::DATA,
-                    base as *const c_void,
-                    rows,
-                    T::DATA,
-                    tau_base as *const c_void,
-                    T::DATA,
-                    &mut device,
-                    &mut host,
-                )
-            };
-            check(status, "cusolverDnXgeqrf_bufferSize")?;
-            let (work, mut host_work) = call.workspaces(device, host)?;
-            let work_ptr = call.address(&work)?;
+            let mut work = call.workspace("cusolverDnXgeqrf_bufferSize", |device, host| {
+                // SAFETY: a size query for the first matrix (live, column-major, lda = m).
+                unsafe {
+                    sol::cusolverDnXgeqrf_bufferSize(
+                        call.solver.handle,
+                        call.solver.params,
+                        rows,
+                        cols,
+                        T::DATA,
+                        base as *const c_void,
+                        rows,
+                        T::DATA,
+                        tau_base as *const c_void,
+                        T::DATA,
+                        device,
+                        host,
+                    )
+                }
+            })?;
             let size = size_of::<T>() as u64;
             let q_base = address(&q, &call.stream)?;
             let mut lwork: c_int = 0;
@@ -105,10 +103,10 @@ pub(in crate::ops::linalg) fn qr(
                         T::DATA,
                         tau_i as *mut c_void,
                         T::DATA,
-                        work_ptr as *mut c_void,
-                        device,
-                        host_work.as_mut_ptr().cast(),
-                        host,
+                        work.device_ptr as *mut c_void,
+                        work.device_bytes,
+                        work.host.as_mut_ptr().cast(),
+                        work.host_bytes,
                         call.info(i, 0),
                     )
                 };
@@ -177,28 +175,26 @@ pub(in crate::ops::linalg) fn eigh(
                 sol::cusolverEigMode_t::CUSOLVER_EIG_MODE_NOVECTOR
             };
             let (base, w_base) = (address(&work_matrix, &call.stream)?, call.address(&w)?);
-            let (mut device, mut host) = (0usize, 0usize);
-            // SAFETY: a size query for the first matrix (live, n x n, lda n) and its values.
-            let status = unsafe {
-                sol::cusolverDnXsyevd_bufferSize(
-                    call.solver.handle,
-                    call.solver.params,
-                    jobz,
-                    uplo,
-                    n as i64,
-                    T::DATA,
-                    base as *const c_void,
-                    n as i64,
-                    T::DATA,
-                    w_base as *const c_void,
-                    T::DATA,
-                    &mut device,
-                    &mut host,
-                )
-            };
-            check(status, "cusolverDnXsyevd_bufferSize")?;
-            let (work, mut host_work) = call.workspaces(device, host)?;
-            let work_ptr = call.address(&work)?;
+            let mut work = call.workspace("cusolverDnXsyevd_bufferSize", |device, host| {
+                // SAFETY: a size query for the first matrix (live, n x n, lda n) and its values.
+                unsafe {
+                    sol::cusolverDnXsyevd_bufferSize(
+                        call.solver.handle,
+                        call.solver.params,
+                        jobz,
+                        uplo,
+                        n as i64,
+                        T::DATA,
+                        base as *const c_void,
+                        n as i64,
+                        T::DATA,
+                        w_base as *const c_void,
+                        T::DATA,
+                        device,
+                        host,
+                    )
+                }
+            })?;
             let size = size_of::<T>() as u64;
             for i in 0..count {
                 // SAFETY: matrix `i`, its n values, its info slot and the queried workspaces
@@ -216,10 +212,10 @@ pub(in crate::ops::linalg) fn eigh(
                         T::DATA,
                         (w_base + (i * n) as u64 * size) as *mut c_void,
                         T::DATA,
-                        work_ptr as *mut c_void,
-                        device,
-                        host_work.as_mut_ptr().cast(),
-                        host,
+                        work.device_ptr as *mut c_void,
+                        work.device_bytes,
+                        work.host.as_mut_ptr().cast(),
+                        work.host_bytes,
                         call.info(i, 0),
                     )
                 };
@@ -300,35 +296,33 @@ pub(in crate::ops::linalg) fn svd(
                 (call.address(&s)?, call.address(&u)?, call.address(&vt)?);
             let (r, c) = (rows as i64, cols as i64);
             let (ldu, ldvt) = (rows as i64, vt_rows as i64);
-            let (mut device, mut host) = (0usize, 0usize);
-            // SAFETY: a size query for the first matrix and its outputs (live).
-            let status = unsafe {
-                sol::cusolverDnXgesvd_bufferSize(
-                    call.solver.handle,
-                    call.solver.params,
-                    job as _,
-                    job as _,
-                    r,
-                    c,
-                    T::DATA,
-                    base as *const c_void,
-                    r,
-                    T::DATA,
-                    s_base as *const c_void,
-                    T::DATA,
-                    u_base as *const c_void,
-                    ldu,
-                    T::DATA,
-                    vt_base as *const c_void,
-                    ldvt,
-                    T::DATA,
-                    &mut device,
-                    &mut host,
-                )
-            };
-            check(status, "cusolverDnXgesvd_bufferSize")?;
-            let (work, mut host_work) = call.workspaces(device, host)?;
-            let work_ptr = call.address(&work)?;
+            let mut work = call.workspace("cusolverDnXgesvd_bufferSize", |device, host| {
+                // SAFETY: a size query for the first matrix and its outputs (live).
+                unsafe {
+                    sol::cusolverDnXgesvd_bufferSize(
+                        call.solver.handle,
+                        call.solver.params,
+                        job as _,
+                        job as _,
+                        r,
+                        c,
+                        T::DATA,
+                        base as *const c_void,
+                        r,
+                        T::DATA,
+                        s_base as *const c_void,
+                        T::DATA,
+                        u_base as *const c_void,
+                        ldu,
+                        T::DATA,
+                        vt_base as *const c_void,
+                        ldvt,
+                        T::DATA,
+                        device,
+                        host,
+                    )
+                }
+            })?;
             let step = |len: usize, i: usize| (i * len * size) as u64;
             let (u_len, vt_len) = if full.is_some() {
                 (rows * u_cols, vt_rows * cols)
@@ -359,10 +353,10 @@ pub(in crate::ops::linalg) fn svd(
                         (vt_base + step(vt_len, i)) as *mut c_void,
                         ldvt,
                         T::DATA,
-                        work_ptr as *mut c_void,
-                        device,
-                        host_work.as_mut_ptr().cast(),
-                        host,
+                        work.device_ptr as *mut c_void,
+                        work.device_bytes,
+                        work.host.as_mut_ptr().cast(),
+                        work.host_bytes,
                         call.info(i, 0),
                     )
                 };
