@@ -248,6 +248,62 @@ fn one_group_convolutions_read_the_input_in_place() {
     }
 }
 
+/// The implicit GEMM's result does not depend on the thread count: every output tile sums
+/// its K blocks in one order whichever thread takes it.
+#[test]
+fn one_group_convolutions_are_bit_identical_across_thread_counts() {
+    let (n, c, h, w, o) = (2, 61, 9, 70, 13);
+    let x = random(n * c * h * w);
+    let weight = random(o * c * 15);
+    for dtype in [DType::F32, DType::Bf16] {
+        let x = tensor(&x, &[n, c, h, w], dtype);
+        let weight = tensor(&weight, &[o, c, 3, 5], dtype);
+        let options = Conv2dOptions {
+            padding: Padding::Same,
+            ..Default::default()
+        };
+        let run = |threads: usize| {
+            let _t = backends::NUM_THREADS.guard_scoped(threads as u32);
+            conv2d(&x, &weight, &options).unwrap().to_f64().unwrap()
+        };
+        let one = run(1);
+        assert!(one.iter().all(|v| v.is_finite()), "{dtype}");
+        for threads in [2, 3] {
+            assert!(
+                one.iter()
+                    .zip(run(threads))
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{dtype}: {threads} threads"
+            );
+        }
+    }
+}
+
+/// The implicit GEMM at the AVX2 level (whose kernel reads B in place too, on narrower
+/// tiles) and at the portable one (B packed panel by panel), in child processes whose CPU
+/// level is capped.
+#[test]
+fn one_group_convolutions_at_the_avx2_and_portable_levels() {
+    use backends::cpu::CpuCapability::{Avx2, Avx512};
+    const NAME: &str = "one_group_convolutions_at_the_avx2_and_portable_levels";
+    if std::env::var_os(common::CHILD).is_some() {
+        let level = backends::cpu::get_cpu_capability().to_string();
+        assert_eq!(
+            Some(level.to_lowercase()),
+            std::env::var("ATEN_CPU_CAPABILITY").ok()
+        );
+        one_group_convolutions_read_the_input_in_place();
+        return;
+    }
+    for cap in ["avx2", "default"] {
+        if cap == "avx2" && !matches!(backends::cpu::detected_cpu_capability(), Avx2 | Avx512) {
+            eprintln!("skipped: this CPU has no AVX2");
+            continue;
+        }
+        common::in_child(NAME, &[("ATEN_CPU_CAPABILITY", cap)]);
+    }
+}
+
 #[test]
 fn the_trace_names_the_lowering_and_nnpack() {
     let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();

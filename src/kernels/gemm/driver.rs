@@ -1,14 +1,16 @@
 //! The GEMM driver: blocks a product for the caches (K blocks, column blocks, row blocks of
 //! A panels), packs B per block together and A per item, and runs the micro-kernel over
 //! the tiles, on the library's threads with a fixed reduction order; for bf16/f16 outputs
-//! each item keeps its tiles' f32 sums over every K block and rounds them once.
+//! each item keeps its tiles' f32 sums over every K block and rounds them once; a B given
+//! as rows of one buffer is packed by each item for itself, or read in place.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, OnceLock};
 
 use super::pack::{pack_a, pack_b};
-use super::{BOperand, MatView, Micro, Rounding};
+use super::{BOperand, MatView, Micro, MicroRowsFn, Rounding};
+use crate::DType;
 use crate::core::tensor::Element;
 use crate::kernels::convert::narrow_into;
 
@@ -46,13 +48,7 @@ struct Shares {
 
 impl Shares {
     fn new(mk: Micro, (m, n, k): (usize, usize, usize), threads: usize) -> Shares {
-        // A thread costs tens of microseconds to start: each gets a few MFLOP at least.
-        let threads = threads.clamp(
-            1,
-            m.saturating_mul(n)
-                .saturating_mul(k)
-                .div_ceil(MIN_WORK_PER_THREAD),
-        );
+        let threads = Self::threads((m, n, k), threads);
         let a_panels = m.div_ceil(mk.mr);
         // Row blocks of A panels: a multiple of the thread count, so that threads end
         // together.
@@ -67,6 +63,31 @@ impl Shares {
             // Column chunks split the work when there are fewer row blocks than threads.
             col_chunks: threads.div_ceil(row_blocks),
         }
+    }
+
+    /// Shares of a product whose items share no packed B ([`gemm_rows`]): every row
+    /// block (sized for L2 alone) is cut into one column chunk per thread, which balances
+    /// the threads however many row blocks there are.
+    fn unshared(mk: Micro, (m, n, k): (usize, usize, usize), threads: usize) -> Shares {
+        let threads = Self::threads((m, n, k), threads);
+        let a_panels = m.div_ceil(mk.mr);
+        Shares {
+            threads,
+            a_panels,
+            row_blocks: a_panels.div_ceil(panels_per_block(mk.mr)),
+            col_chunks: threads,
+        }
+    }
+
+    /// The threads a product is worth: a thread costs tens of microseconds to start, so
+    /// each gets a few MFLOP at least.
+    fn threads((m, n, k): (usize, usize, usize), threads: usize) -> usize {
+        threads.clamp(
+            1,
+            m.saturating_mul(n)
+                .saturating_mul(k)
+                .div_ceil(MIN_WORK_PER_THREAD),
+        )
     }
 
     fn items(&self) -> usize {
@@ -194,7 +215,7 @@ pub(super) fn gemm_with<T: Element>(
                                 mk,
                                 ks,
                                 a_panel,
-                                b_panel,
+                                BPanel::Packed(b_panel),
                                 c_ptr.get().add(row0 * n + col0),
                                 n,
                                 mr.min(m - row0),
@@ -211,6 +232,98 @@ pub(super) fn gemm_with<T: Element>(
     };
     crate::runtime::threads::parallel(threads, &worker);
     PACKED_B.set(packed_b);
+}
+
+/// [`gemm_with`] for a B given as rows of one buffer, element `(k, j)` at
+/// `data[starts[k] + j]` (a convolution's shifted input rows), with no B shared between
+/// threads, so that they never wait on each other: each item takes its tiles through every
+/// K block, packing its A panels and then one B panel after another for itself, or, for f32
+/// values the kernel's `run_rows` takes exactly, reading B's panels in place (all but a last
+/// one whose rows would run past the end of `data`). Packing the shifted rows was a sixth of
+/// a 3 x 3 convolution's time, and the barriers around shared packing another tenth.
+pub(super) fn gemm_rows<T: Element>(
+    mk: Micro,
+    c: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    a: MatView<T>,
+    (data, starts): (&[T], &[usize]),
+    rounding: Rounding,
+    threads: usize,
+) {
+    let shares = Shares::unshared(mk, (m, n, k), threads);
+    let (mr, nr, pairs, kc_max) = (mk.mr, mk.nr, mk.pairs, mk.kc_max());
+    let b_panels = n.div_ceil(nr);
+    let in_place = mk
+        .run_rows
+        .filter(|_| T::DTYPE == DType::F32 && rounding == Rounding::None && !pairs);
+    // Every row has this many values from its start on: a panel from column `col0` is read
+    // in place where `col0 + nr` is at most that.
+    let readable = data.len() - starts.iter().max().copied().unwrap_or(0);
+    // Builds with debug assertions (the tests') poison C, so that NaN shows an element the
+    // first K block does not store.
+    if cfg!(debug_assertions) {
+        c.fill(f32::NAN);
+    }
+    let next = AtomicUsize::new(0);
+    let c_ptr = SharedOut(c.as_mut_ptr());
+    let worker = |_: usize, _: usize| {
+        // This item's A panels of a K block, then room for one packed B panel.
+        let mut buffer = A_BLOCK.take();
+        let steps = mk.steps(kc_max.min(k));
+        let a_len = shares.a_panels.div_ceil(shares.row_blocks) * mr * steps;
+        buffer.resize(buffer.len().max(a_len + nr * steps), 0.0);
+        let (a_block, own) = buffer.split_at_mut(a_len);
+        loop {
+            let item = next.fetch_add(1, Ordering::Relaxed);
+            if item >= shares.items() {
+                break;
+            }
+            let (a_range, b_range) = shares.ranges(item, b_panels);
+            for pc in (0..k).step_by(kc_max) {
+                let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+                let a_buf = &mut a_block[..a_range.len() * mr * ks];
+                pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
+                for jp in b_range.clone() {
+                    let col0 = jp * nr;
+                    let panel = match in_place {
+                        Some(run) if col0 + nr <= readable => BPanel::InPlace {
+                            run,
+                            first: bytemuck::cast_slice::<T, f32>(data)[col0..].as_ptr(),
+                            starts: &starts[pc..pc + kc],
+                        },
+                        _ => {
+                            let b = BOperand::Rows { data, starts };
+                            let own = &mut own[..nr * ks];
+                            pack_b(b, jp, own, nr, (pc, kc, 0, n), rounding, pairs);
+                            BPanel::Packed(own)
+                        }
+                    };
+                    for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
+                        let row0 = ip * mr;
+                        // SAFETY: items cover disjoint tiles, each taken by one thread
+                        // through all its K blocks; the tile lies inside the m x n output
+                        // (rows and columns clipped); an in-place panel's rows hold `nr`
+                        // values from `col0` (`readable`).
+                        unsafe {
+                            tile(
+                                mk,
+                                ks,
+                                a_panel,
+                                panel,
+                                c_ptr.get().add(row0 * n + col0),
+                                n,
+                                mr.min(m - row0),
+                                nr.min(n - col0),
+                                pc > 0,
+                            )
+                        };
+                    }
+                }
+            }
+        }
+        A_BLOCK.set(buffer);
+    };
+    crate::runtime::threads::parallel(shares.threads, &worker);
 }
 
 /// Packed B values a narrowed product holds for one column block (every K block of it),
@@ -326,7 +439,7 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
                                     mk,
                                     ks,
                                     a_panel,
-                                    panel,
+                                    BPanel::Packed(panel),
                                     sums.as_mut_ptr().add(y * width + x),
                                     width,
                                     mr.min(m - ip * mr),
@@ -388,28 +501,63 @@ unsafe impl<T> Send for SharedOut<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for SharedOut<T> {}
 
+/// Where a tile's micro-kernel reads B.
+#[derive(Clone, Copy)]
+pub(super) enum BPanel<'a> {
+    /// A packed panel.
+    Packed(&'a [f32]),
+    /// Rows in place, read by `run`: step `s`'s values from `first + starts[s]` on.
+    InPlace {
+        run: MicroRowsFn,
+        first: *const f32,
+        starts: &'a [usize],
+    },
+}
+
 /// Stores (or with `accumulate`, adds) one `rows x cols` tile (at most `mr x nr`) into C at
-/// `c` (row stride `ldc`), over `steps` packed steps.
+/// `c` (row stride `ldc`), over `steps` steps of the A panel and `b`.
 ///
 /// # Safety
 /// `c` must point at `rows` rows of `cols` writable floats, `ldc` apart, that no other
-/// thread touches; the panels must hold `steps` steps of `mr` and `nr` values.
+/// thread touches; the A panel must hold `steps` steps of `mr` values, and `b` `steps` steps
+/// of `nr` (packed, or `nr` readable floats from each in-place row's start).
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn tile(
     mk: Micro,
     steps: usize,
     a: &[f32],
-    b: &[f32],
+    b: BPanel,
     c: *mut f32,
     ldc: usize,
     rows: usize,
     cols: usize,
     accumulate: bool,
 ) {
-    debug_assert!(a.len() >= steps * mk.mr && b.len() >= steps * mk.nr);
+    let run = |c: *mut f32, ldc: usize, accumulate: bool| match b {
+        BPanel::Packed(b) => {
+            debug_assert!(a.len() >= steps * mk.mr && b.len() >= steps * mk.nr);
+            // SAFETY: the panels are long enough (asserted) and C holds the tile (caller).
+            unsafe { (mk.run)(steps, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) }
+        }
+        BPanel::InPlace { run, first, starts } => {
+            debug_assert!(a.len() >= steps * mk.mr && starts.len() == steps);
+            // SAFETY: the A panel is long enough (asserted), each row holds `nr` values from
+            // its start and C holds the tile (caller).
+            unsafe {
+                run(
+                    steps,
+                    a.as_ptr(),
+                    first,
+                    starts.as_ptr(),
+                    c,
+                    ldc,
+                    accumulate,
+                )
+            }
+        }
+    };
     if rows == mk.mr && cols == mk.nr {
-        // SAFETY: the panels are long enough (asserted) and C holds a full tile (caller).
-        unsafe { (mk.run)(steps, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) };
+        run(c, ldc, accumulate);
         return;
     }
     let mut scratch = [0f32; 1024];
@@ -417,17 +565,8 @@ pub(super) unsafe fn tile(
         mk.mr * mk.nr <= scratch.len(),
         "the scratch tile holds every micro-kernel's tile"
     );
-    // SAFETY: the scratch tile holds mr x nr floats (asserted) with row stride nr.
-    unsafe {
-        (mk.run)(
-            steps,
-            a.as_ptr(),
-            b.as_ptr(),
-            scratch.as_mut_ptr(),
-            mk.nr,
-            false,
-        )
-    };
+    // The scratch tile holds mr x nr floats (asserted) with row stride nr.
+    run(scratch.as_mut_ptr(), mk.nr, false);
     for r in 0..rows {
         for col in 0..cols {
             let v = scratch[r * mk.nr + col];

@@ -1,5 +1,6 @@
 //! The micro-kernels: one `mr x nr` tile of C from a packed A panel and a packed B panel,
-//! portable and, on x86-64, AVX-512, AVX512-BF16 and AVX2+FMA.
+//! portable and, on x86-64, AVX-512, AVX512-BF16 and AVX2+FMA; the f32 x86 ones also read B
+//! in place, as rows of one buffer at listed starts (`run_rows`).
 
 use super::Micro;
 
@@ -10,6 +11,7 @@ pub(super) const PORTABLE: Micro = Micro {
     nr: 8,
     pairs: false,
     run: micro_portable,
+    run_rows: None,
 };
 
 /// # Safety
@@ -70,6 +72,7 @@ pub(super) mod x86 {
         nr: 64,
         pairs: false,
         run: micro_avx512,
+        run_rows: Some(rows_avx512),
     };
 
     /// The AVX512-BF16 micro-kernel: the AVX-512 tile over bf16 pairs (`vdpbf16ps`).
@@ -79,6 +82,7 @@ pub(super) mod x86 {
         nr: 64,
         pairs: true,
         run: micro_avx512_bf16,
+        run_rows: None,
     };
 
     /// The AVX2 micro-kernel and its tile.
@@ -88,6 +92,7 @@ pub(super) mod x86 {
         nr: 16,
         pairs: false,
         run: micro_avx2,
+        run_rows: Some(rows_avx2),
     };
 
     /// [`micro_lanes`] on zmm registers: a 6 x 64 tile in 24 accumulators.
@@ -105,7 +110,26 @@ pub(super) mod x86 {
         accumulate: bool,
     ) {
         // SAFETY: the caller's CPU and panels (above).
-        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, b, c, ldc, accumulate) }
+        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, packed::<__m512, 4>(b), c, ldc, accumulate) }
+    }
+
+    /// [`micro_avx512`] reading step `s`'s 64 B values in place at `b + starts[s]`.
+    ///
+    /// # Safety
+    /// As [`micro_avx512`], with `starts` holding `kc` offsets from `b`, each the start of 64
+    /// readable floats.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn rows_avx512(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        starts: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panel, rows and tile (above).
+        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
     }
 
     /// [`micro_lanes`] on ymm registers: a 6 x 16 tile in 12 accumulators.
@@ -123,7 +147,47 @@ pub(super) mod x86 {
         accumulate: bool,
     ) {
         // SAFETY: the caller's CPU and panels (above).
-        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, b, c, ldc, accumulate) }
+        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, packed::<__m256, 2>(b), c, ldc, accumulate) }
+    }
+
+    /// [`micro_avx2`] reading step `s`'s 16 B values in place at `b + starts[s]`.
+    ///
+    /// # Safety
+    /// As [`micro_avx2`], with `starts` holding `kc` offsets from `b`, each the start of 16
+    /// readable floats.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_avx2(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        starts: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panel, rows and tile (above).
+        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
+    }
+
+    /// Where a packed B panel holds step `s`: `NV` vectors after the previous step's.
+    #[inline(always)]
+    fn packed<V: Vector, const NV: usize>(b: *const f32) -> impl Fn(usize) -> *const f32 {
+        move |step| b.wrapping_add(step * NV * V::LANES)
+    }
+
+    /// Where B's row of step `s` starts in place: `b + starts[s]` (for a step past the last,
+    /// which only prefetches ask for, the last row's).
+    ///
+    /// # Safety
+    /// `starts` holds `kc` (at least one) offsets.
+    #[inline(always)]
+    unsafe fn in_place(
+        b: *const f32,
+        starts: *const usize,
+        kc: usize,
+    ) -> impl Fn(usize) -> *const f32 {
+        // SAFETY: the index is below kc (caller).
+        move |step| b.wrapping_add(unsafe { *starts.add(step.min(kc - 1)) })
     }
 
     /// Steps ahead of the one being computed whose B lines the micro-kernels prefetch: the
@@ -131,17 +195,18 @@ pub(super) mod x86 {
     /// loads stalled the FMAs (measured +10-19% on an Intel Xeon at n = 1024..4096).
     const PREFETCH_STEPS: usize = 6;
 
-    /// An `MR x (LANES * NV)` tile: `MR * NV` accumulators; per step, NV vectors of B and
-    /// one broadcast of A per row.
+    /// An `MR x (LANES * NV)` tile: `MR * NV` accumulators; per step, NV vectors of B (from
+    /// `b(step)` on) and one broadcast of A per row.
     ///
     /// # Safety
-    /// The CPU has `V`'s instruction set; `a` holds `kc * MR` floats, `b` `kc * LANES * NV`,
-    /// and `c` MR rows of `LANES * NV` writable floats `ldc` apart.
+    /// The CPU has `V`'s instruction set; `a` holds `kc * MR` floats, `b(step)` is the start
+    /// of `LANES * NV` readable floats for every step below `kc`, and `c` has MR rows of
+    /// `LANES * NV` writable floats `ldc` apart.
     #[inline(always)]
     unsafe fn micro_lanes<V: Vector, const MR: usize, const NV: usize>(
         kc: usize,
         a: *const f32,
-        b: *const f32,
+        b: impl Fn(usize) -> *const f32,
         c: *mut f32,
         ldc: usize,
         accumulate: bool,
@@ -150,11 +215,11 @@ pub(super) mod x86 {
         // SAFETY: register work under the caller's instruction set.
         let mut acc = [[unsafe { V::splat(0.0) }; NV]; MR];
         for step in 0..kc {
-            prefetch_b::<V, NV>(b, step);
+            prefetch_b::<V, NV>(b(step + PREFETCH_STEPS));
+            let row = b(step);
             // SAFETY: step < kc, so the reads stay inside the panels (caller).
             unsafe {
-                let bv: [V; NV] =
-                    std::array::from_fn(|v| V::load(b.add((step * NV + v) * V::LANES)));
+                let bv: [V; NV] = std::array::from_fn(|v| V::load(row.add(v * V::LANES)));
                 for (i, row) in acc.iter_mut().enumerate() {
                     let ai = V::splat(*a.add(step * MR + i));
                     for (x, &bx) in row.iter_mut().zip(&bv) {
@@ -188,7 +253,7 @@ pub(super) mod x86 {
         // SAFETY: register work (AVX-512F).
         let mut acc = [[unsafe { __m512::splat(0.0) }; NV]; MR];
         for step in 0..steps {
-            prefetch_b::<__m512, NV>(b, step);
+            prefetch_b::<__m512, NV>(b.wrapping_add((step + PREFETCH_STEPS) * NV * 16));
             // SAFETY: step < steps, so the reads stay inside the panels (caller). A pair of
             // bf16 values and an f32 are both 32 bits: the casts reinterpret lanes.
             unsafe {
@@ -207,13 +272,12 @@ pub(super) mod x86 {
         unsafe { store::<__m512, MR, NV>(&acc, c, ldc, accumulate) };
     }
 
-    /// Prefetches the B panel's cache lines of step `step + PREFETCH_STEPS` into L1 (one
-    /// prefetch per 64-byte line: `NV` vectors of `LANES` floats).
+    /// Prefetches the cache lines of one step's B values from `row` on into L1 (one prefetch
+    /// per 64-byte line: `NV` vectors of `LANES` floats).
     #[inline(always)]
-    fn prefetch_b<V: Vector, const NV: usize>(b: *const f32, step: usize) {
-        let width = NV * V::LANES;
-        for line in (0..width).step_by(16) {
-            prefetch_l1(b.wrapping_add((step + PREFETCH_STEPS) * width + line));
+    fn prefetch_b<V: Vector, const NV: usize>(row: *const f32) {
+        for line in (0..NV * V::LANES).step_by(16) {
+            prefetch_l1(row.wrapping_add(line));
         }
     }
 

@@ -87,6 +87,10 @@ pub(crate) enum BOperand<'a, T> {
 
 type MicroFn = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, bool);
 
+/// A micro-kernel reading B in place: as [`MicroFn`], with step `s`'s `nr` values at
+/// `b + starts[s]` (the third and fourth arguments) instead of a packed panel.
+type MicroRowsFn = unsafe fn(usize, *const f32, *const f32, *const usize, *mut f32, usize, bool);
+
 /// A micro-kernel: computes an `mr x nr` block of C from packed panels, storing it (the
 /// first K block) or adding it to what C holds (later K blocks). It runs over packed
 /// steps: one K index each, or with `pairs` two K indices as bf16 values in one 32-bit slot.
@@ -97,6 +101,8 @@ pub(crate) struct Micro {
     nr: usize,
     pairs: bool,
     run: MicroFn,
+    /// The same tile reading f32 B rows in place, where the kernel has that form.
+    run_rows: Option<MicroRowsFn>,
 }
 
 impl Micro {
@@ -245,13 +251,12 @@ pub(crate) fn gemm_rows<T: Element>(
         c.fill(0.0);
         return;
     }
-    let b = BOperand::Rows { data, starts };
-    driver::gemm_with(
+    driver::gemm_rows(
         packed_micro::<T>(rounding),
         c,
         (m, n, k),
         a,
-        b,
+        (data, starts),
         rounding,
         threads,
     );
