@@ -233,6 +233,7 @@ pub fn lu_factor_pivots_and_lu_solve_match_the_input(device: Device) {
                 linalg::lu_factor(&tensor(device, &a, &[count, m, n], dtype)).unwrap();
             let k = m.min(n);
             assert_eq!(lu.shape(), [count, m, n]);
+            assert_eq!(lu.strides(), [m * n, 1, m], "column-major, as PyTorch's");
             assert_eq!(
                 (pivots.shape(), pivots.dtype()),
                 (&[count, k][..], DType::I32)
@@ -274,6 +275,17 @@ pub fn lu_factor_pivots_and_lu_solve_match_the_input(device: Device) {
         let b2: Vec<f64> = b.iter().chain(&b).copied().collect();
         let err = rel_err(&bmm(&a, &x.to_f64().unwrap(), 2, (n, n, 3)), &b2);
         assert!(err < bound(dtype), "{dtype} lu_solve: {err:e}");
+        // The same factors made row-major solve alike.
+        let row_major = LuFactor {
+            lu: factors.lu.contiguous().unwrap(),
+            pivots: factors.pivots.clone(),
+        };
+        let again = linalg::lu_solve(&row_major, &tensor(device, &b, &[1, n, 3], dtype)).unwrap();
+        let err = rel_err(&again.to_f64().unwrap(), &x.to_f64().unwrap());
+        assert!(
+            err < bound(dtype),
+            "{dtype} lu_solve of row-major factors: {err:e}"
+        );
     }
 }
 

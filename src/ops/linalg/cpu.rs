@@ -291,26 +291,23 @@ fn pivots_of(rows: &[usize], steps: usize, pivots: &mut [i32]) {
     }
 }
 
-/// `lu_factor` of `a` (`m × n`): `L` (unit diagonal, not stored) and `U` packed into `packed`,
-/// LAPACK's pivots into `pivots` (`min(m, n)`); a zero pivot is an error.
+/// `lu_factor` of `a` (`m × n`): `L` (unit diagonal, not stored) and `U` packed into `packed`
+/// column-major (as LAPACK and PyTorch keep them), LAPACK's pivots into `pivots`
+/// (`min(m, n)`); a zero pivot is an error.
 pub(crate) fn lu_factor<T: Real>(
     a: &[T],
     (m, n): (usize, usize),
     packed: &mut [T],
     pivots: &mut [i32],
 ) -> Result<(), LinAlgFailure> {
-    // Factored in place in this thread's scratch, column-major (faer's fast layout).
-    with_scratch(m * n, |factors: &mut [T]| {
-        transpose_into(a, (m, n), factors);
-        let lu = MatMut::from_column_major_slice_mut(factors, m, n);
-        factor_in_place(lu, StackReq::EMPTY, |lu, perm, _| {
-            if let Some(index) = zero_diagonal(lu) {
-                return Err(LinAlgFailure::ZeroPivot { index });
-            }
-            pivots_of(perm.arrays().0, m.min(n), pivots);
-            Ok(())
-        })?;
-        transpose_into(factors, (n, m), packed);
+    // Factored in place, column-major (faer's fast layout).
+    transpose_into(a, (m, n), packed);
+    let lu = MatMut::from_column_major_slice_mut(packed, m, n);
+    factor_in_place(lu, StackReq::EMPTY, |lu, perm, _| {
+        if let Some(index) = zero_diagonal(lu) {
+            return Err(LinAlgFailure::ZeroPivot { index });
+        }
+        pivots_of(perm.arrays().0, m.min(n), pivots);
         Ok(())
     })
 }
@@ -325,9 +322,10 @@ pub(crate) fn lu<T: Real>(a: &[T], (m, n): (usize, usize), [p, l, u]: [&mut [T];
     store(lu.U(), u);
 }
 
-/// Solves `A X = B` (`B` is `n × k`) from `lu_factor`'s packed factors and pivots.
+/// Solves `A X = B` (`B` is `n × k`) from `lu_factor`'s packed factors (column-major with
+/// `column_major`, else row-major) and pivots.
 pub(crate) fn lu_solve<T: Real>(
-    packed: &[T],
+    (packed, column_major): (&[T], bool),
     pivots: &[i32],
     b: &[T],
     (n, k): (usize, usize),
@@ -344,7 +342,11 @@ pub(crate) fn lu_solve<T: Real>(
             }
         }
     }
-    let lu = MatRef::from_row_major_slice(packed, n, n);
+    let lu = if column_major {
+        MatRef::from_column_major_slice(packed, n, n)
+    } else {
+        MatRef::from_row_major_slice(packed, n, n)
+    };
     lu.solve_unit_lower_triangular_in_place(x.as_mut());
     lu.solve_upper_triangular_in_place(x.as_mut());
     store(x.as_ref(), out);

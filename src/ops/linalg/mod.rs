@@ -66,7 +66,9 @@ pub enum QrMode {
 /// LAPACK's row interchanges (`i32`, from 1).
 #[derive(Clone, Debug)]
 pub struct LuFactor {
-    /// `[*, m, n]`: `U` on and above the diagonal, `L` below it.
+    /// `[*, m, n]`: `U` on and above the diagonal, `L` below it; each matrix column-major
+    /// (strides `[.., 1, m]`, the transpose of a contiguous `[*, n, m]`), as PyTorch returns
+    /// it.
     pub lu: Tensor,
     /// `[*, min(m, n)]`, i32: at step `i`, row `i` was swapped with row `pivots[i] - 1`.
     pub pivots: Tensor,
@@ -339,6 +341,13 @@ fn output(data: Vec<impl crate::Element>, shape: Vec<usize>) -> Result<Tensor> {
     Tensor::from_vec(data, &shape, Device::Cpu)
 }
 
+/// The matrices of the contiguous `t` (`[*, c, r]`) seen transposed: `[*, r, c]`, each
+/// column-major.
+fn column_major(t: Tensor) -> Result<Tensor> {
+    let rank = t.shape().len();
+    t.transpose(rank - 2, rank - 1)
+}
+
 /// `torch.linalg.inv`: the inverse of each square matrix; a singular one is an error.
 pub fn inv(a: &Tensor) -> Result<Tensor> {
     const OP: &str = "linalg.inv";
@@ -516,7 +525,7 @@ pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
             let (lu, pivots) =
                 cusolver::lu_factor(OP, &a.contiguous()?, batch.count, (m, n), true)?;
             Ok(LuFactor {
-                lu: lu.view(&batch.shape(&[m, n]))?,
+                lu: column_major(lu.view(&batch.shape(&[n, m]))?)?,
                 pivots: Tensor::from_vec(pivots, &batch.shape(&[k]), a.device())?,
             })
         });
@@ -530,7 +539,7 @@ pub fn lu_factor(a: &Tensor) -> Result<LuFactor> {
                 cpu::lu_factor(&data[i * m * n..][..m * n], (m, n), outs[0], pivots)
             })?;
             Ok(LuFactor {
-                lu: output(outs.remove(0), batch.shape(&[m, n]))?,
+                lu: column_major(output(outs.remove(0), batch.shape(&[n, m]))?)?,
                 pivots: output(pivots, batch.shape(&[k]))?,
             })
         })
@@ -613,17 +622,25 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if b.device() != Device::Cpu {
         return traced(OP, b.dtype(), &[&factors.lu, b], || {
-            let packed = factors.lu.contiguous()?;
-            cusolver::lu_solve(OP, &packed, &pivots, b, (&dims, &pairs), (n, k))
+            cusolver::lu_solve(OP, &factors.lu, &pivots, b, (&dims, &pairs), (n, k))
         });
     }
     traced(OP, b.dtype(), &[&factors.lu, b], || {
+        // lu_factor's factors are read as they are, column-major; others row-major.
+        let rank = factors.lu.shape().len();
+        let transposed = factors.lu.transpose(rank - 2, rank - 1)?;
+        let column_major = transposed.is_contiguous();
+        let packed = if column_major {
+            &transposed
+        } else {
+            &factors.lu
+        };
         by_dtype!(b.dtype(), T => {
-            let (rhs, packed) = (b.elements::<T>()?, &factors.lu.elements::<T>()?);
+            let (rhs, packed) = (b.elements::<T>()?, &packed.elements::<T>()?);
             let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
                 let [ib, ia] = pairs[item.index];
                 cpu::lu_solve(
-                    &packed[ia * n * n..][..n * n],
+                    (&packed[ia * n * n..][..n * n], column_major),
                     &pivots[ia * n..][..n],
                     &rhs[ib * n * k..][..n * k],
                     (n, k),

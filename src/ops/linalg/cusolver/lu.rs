@@ -147,8 +147,8 @@ fn pivots_i32(pivots: &CudaBuffer) -> Result<Vec<i32>> {
         .collect())
 }
 
-/// `lu_factor` of the contiguous `[count, m, n]` batch `a`: packed factors and i32 pivots
-/// (a zero pivot is an error, with `checked`).
+/// `lu_factor` of the contiguous `[count, m, n]` batch `a`: packed factors, each matrix
+/// column-major (`[count, n, m]`), and i32 pivots (a zero pivot is an error, with `checked`).
 pub(in crate::ops::linalg) fn lu_factor(
     op: &'static str,
     a: &Tensor,
@@ -171,7 +171,7 @@ pub(in crate::ops::linalg) fn lu_factor(
             pivots_i32(&pivots)
         })?
     });
-    Ok((transposed(&factors)?, pivots))
+    Ok((factors, pivots))
 }
 
 /// `lu` of the contiguous `[count, m, n]` batch `a`: `P` (`[count, m, m]`), `L` (`[count, m,
@@ -186,6 +186,7 @@ pub(in crate::ops::linalg) fn lu(
     };
     let k = m.min(n);
     let (packed, pivots) = lu_factor("linalg.lu", a, count, (m, n), false)?;
+    let packed = packed.transpose(1, 2)?;
     let l = fresh(&packed.narrow(2, 0, k)?)?;
     keep_triangle(&l, false, true)?;
     let u = fresh(&packed.narrow(1, 0, k)?)?;
@@ -206,8 +207,8 @@ pub(in crate::ops::linalg) fn lu(
     Ok([p, l, u])
 }
 
-/// `lu_solve` of `b` (broadcast along `pairs`) against the contiguous packed factors and
-/// their (checked) pivots.
+/// `lu_solve` of `b` (broadcast along `pairs`) against the packed factors (`[.., n, n]`, any
+/// layout; lu_factor's column-major ones are read as they are) and their (checked) pivots.
 pub(in crate::ops::linalg) fn lu_solve(
     op: &'static str,
     packed: &Tensor,
