@@ -11,7 +11,7 @@
 #    and without dropout, and the convolution graph for f32/f16/bf16 (grouped, strided,
 #    padded; a wrong output size refused), finalizing every tensor and operation descriptor.
 # What needs a GPU (the operation graph, cuDNN's engine choice, execution) is tested by
-# tests/cuda.rs on a lent GPU (scripts/device-check.sh).
+# tests/cuda_libraries.rs on a lent GPU (scripts/device-check.sh).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"

@@ -42,13 +42,14 @@ prepare() {
   cargo build -q --release --example cuda_speed
   cp target/release/backends "$dev/bin/backends"
   cp target/release/examples/cuda_speed "$dev/bin/cuda_speed"
-  cargo test -q --release --no-run --test cuda --message-format=json 2>/dev/null \
-    | python3 -c 'import sys, json
+  cargo test -q --release --no-run --test cuda --test cuda_libraries --message-format=json \
+    2>/dev/null | python3 -c 'import sys, json
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
-        print(m["executable"])' \
-    | while read -r exe; do cp "$exe" "$dev/bin/test-cuda"; done
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"])' \
+    | while read -r name exe; do cp "$exe" "$dev/bin/test-$name"; done
   strip "$dev/bin/"* 2>/dev/null || true
   xz -T0 -f "$dev/bin/"*
   du -sh "$dev"/* && du -sh "$dev"
@@ -104,7 +105,8 @@ PY
       --config 'source.vendored.directory="/tmp/backends-vendor/vendor"')
     export CARGO_BUILD_JOBS="$(nproc)"
     if cargo build "${cfg[@]}" -q --release --bin backends --example cuda_speed \
-      && cargo test "${cfg[@]}" --release --test cuda --test kernels -- --nocapture; then
+      && cargo test "${cfg[@]}" --release --test cuda --test cuda_libraries --test kernels \
+        -- --nocapture; then
       backends_bin=target/release/backends
       speed_bin=target/release/examples/cuda_speed
     else
@@ -124,8 +126,9 @@ PY
     done
     backends_bin="$bin/backends"
     speed_bin="$bin/cuda_speed"
-    test_cuda="$bin/test-cuda"
-    if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no prebuilt CUDA tests: run prepare"; fi
+    for test_cuda in "$bin/test-cuda" "$bin/test-cuda_libraries"; do
+      if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no $test_cuda: run prepare"; fi
+    done
   fi
   echo "== backends (report and self-checks)"
   [ -x "$backends_bin" ] && "$backends_bin" || echo "backends exited with $?"

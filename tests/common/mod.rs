@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod linalg;
 pub mod serving;
 
