@@ -226,8 +226,8 @@ fn documented_params(family: Family) -> Vec<PtxParam> {
         // partial, partial_lse, out, lse; B, H, Lq, Dv, S; 4 partial strides, 4 lse
         // strides.
         Family::AttentionCombine => [n(B64, 4), n(B32, 5), n(B64, 8)].concat(),
-        // WGSL only (bf16 on wgpu): no CUDA module to check.
-        Family::Convert => unreachable!("the conversions have no CUDA variant"),
+        // in, out; n.
+        Family::Convert => n(B64, 3),
         // s, mask, p; H, Lq, Lk; scale; band, lo, hi, lower_right; 4 mask strides;
         // dropout_p, seed.
         Family::MaskedSoftmax => [

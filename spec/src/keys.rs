@@ -190,8 +190,9 @@ pub struct AttentionCombineKey {
     pub elem: Elem,
 }
 
-/// An element-wise conversion between two element types (wgpu's bf16 tensors widened to
-/// f32 for the kernels, and their results rounded back).
+/// An element-wise conversion between a half type and f32 (wgpu's bf16 tensors widened to
+/// f32 for the kernels and their results rounded back; math attention's half-type inputs
+/// on a device).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConvertKey {
     /// The element type read.

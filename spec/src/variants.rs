@@ -333,15 +333,29 @@ fn attention_combine(elem: Elem) -> Variant {
     }
 }
 
-/// bf16 <-> f32 on wgpu (WGSL has no bf16: its tensors' kernels compute in f32); CUDA has
-/// bf16 and needs none.
+/// A half type (f16, bf16) <-> f32: bf16 wgpu tensors widened for kernels that compute in
+/// f32 and their results rounded back (WGSL has no bf16), and half-type inputs of math
+/// attention on a device, which computes in f32, on wgpu and CUDA.
 fn convert(from: Elem, to: Elem) -> Variant {
+    let half = if from == Elem::F32 { to } else { from };
     Variant {
         key: KernelKey::Convert(ConvertKey { from, to }),
         name: format!("convert_{}_to_{}", from.name(), to.name()),
-        cuda: None,
+        cuda: Some(CudaSpec {
+            defines: vec![
+                ("FROM", from.cuda_type().to_string()),
+                ("TO", to.cuda_type().to_string()),
+            ],
+            launch: ELEMENTWISE,
+            // bf16 conversions (`cvt.rn.bf16.f32`) need sm_80.
+            min_sm: if half == Elem::Bf16 { 80 } else { 70 },
+        }),
+        // Both sides as u32 words: WGSL has no bf16, and f16 needs no extension this way.
         wgsl: Some(WgslSpec {
-            decls: vec![WgslDecl::Const("TO_BF16", u32::from(to == Elem::Bf16))],
+            decls: vec![
+                WgslDecl::Const("NARROW", u32::from(to != Elem::F32)),
+                WgslDecl::Const("F16", u32::from(half == Elem::F16)),
+            ],
             launch: ELEMENTWISE,
             needs_f16: false,
         }),
@@ -501,9 +515,11 @@ pub fn all() -> Vec<Variant> {
     for elem in [F32, F16, Bf16] {
         v.push(attention_combine(elem));
     }
-    v.push(convert(Bf16, F32));
-    v.push(convert(F32, Bf16));
-    // Math attention on a device computes in f32 (its half-type inputs run on the host).
+    for half in [F16, Bf16] {
+        v.push(convert(half, F32));
+        v.push(convert(F32, half));
+    }
+    // Math attention on a device computes in f32 (half-type inputs converted on the device).
     for mask in [MaskKind::None, MaskKind::Bool, MaskKind::Additive] {
         v.push(masked_softmax(F32, mask));
     }

@@ -184,14 +184,14 @@ pub fn adapter() -> Option<backends::Device> {
     Some(backends::Device::Wgpu(0))
 }
 
-/// Math attention on `device` (wgpu or CUDA) against the CPU's math path on the same f32
-/// inputs: no mask, a broadcast boolean mask with a fully hidden query row, an additive mask
+/// Math attention on `device` (wgpu or CUDA) against the CPU's math path on the same
+/// `dtype` inputs (f32, or a half type, which both compute in f32): no mask, a broadcast boolean mask with a fully hidden query row, an additive mask
 /// with -inf entries, causal with Lq != Lk in both alignments, grouped-query heads (with a mask), 3-D inputs; the trace
 /// says the device ran it. Returns the worst relative error.
-pub fn device_math_error(device: backends::Device) -> f64 {
+pub fn device_math_error(device: backends::Device, dtype: backends::DType) -> f64 {
     use backends::CausalVariant::{LowerRight, UpperLeft};
     use backends::attention::{SdpBackend, sdpa_kernel_scoped};
-    use backends::{DType, Device, SdpaOptions, Tensor, sdpa};
+    use backends::{Device, SdpaOptions, Tensor, sdpa};
     let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
     let none = backends::Window::UNBOUNDED;
     let window = backends::Window::new;
@@ -225,13 +225,8 @@ pub fn device_math_error(device: backends::Device) -> f64 {
     let mut worst = 0f64;
     for (q_shape, kv_shape, causal, window, mask_kind) in cases {
         let make = |shape: &[usize], device| {
-            let t = Tensor::from_f64(
-                &random(shape.iter().product()),
-                shape,
-                DType::F32,
-                Device::Cpu,
-            )
-            .unwrap();
+            let t = Tensor::from_f64(&random(shape.iter().product()), shape, dtype, Device::Cpu)
+                .unwrap();
             (t.to_device(device).unwrap(), t)
         };
         let (q, q_host) = make(q_shape, device);
@@ -252,7 +247,7 @@ pub fn device_math_error(device: backends::Device) -> f64 {
                     .enumerate()
                     .map(|(e, x)| if e % 5 == 1 { f64::NEG_INFINITY } else { x })
                     .collect();
-                Some(Tensor::from_f64(&values, &[b, 1, lq, lk], DType::F32, Device::Cpu).unwrap())
+                Some(Tensor::from_f64(&values, &[b, 1, lq, lk], dtype, Device::Cpu).unwrap())
             }
             _ => None,
         };
@@ -273,7 +268,7 @@ pub fn device_math_error(device: backends::Device) -> f64 {
             trace.iter().any(|line| line.contains("math on the device")),
             "{q_shape:?}: {trace:?}"
         );
-        assert_eq!(out.output.device(), device);
+        assert_eq!((out.output.device(), out.output.dtype()), (device, dtype));
         let expected = sdpa(&q_host, &k_host, &v_host, &options(mask_host.as_ref()))
             .unwrap()
             .output
@@ -287,8 +282,8 @@ pub fn device_math_error(device: backends::Device) -> f64 {
     let (l, d) = (5, 8);
     let mut values = random(l * d);
     values[d + 2] = f64::NAN;
-    let q = Tensor::from_f64(&values, &[1, 1, l, d], DType::F32, device).unwrap();
-    let k = Tensor::from_f64(&random(l * d), &[1, 1, l, d], DType::F32, device).unwrap();
+    let q = Tensor::from_f64(&values, &[1, 1, l, d], dtype, device).unwrap();
+    let k = Tensor::from_f64(&random(l * d), &[1, 1, l, d], dtype, device).unwrap();
     let out = sdpa(&q, &k, &k, &SdpaOptions::default())
         .unwrap()
         .output

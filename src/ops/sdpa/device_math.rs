@@ -4,8 +4,11 @@
 //! heads that share a key/value head are one GEMM batch entry (`[B·Hk, G·Lq, D]`).
 //!
 //! The GEMMs are the library's [`matmul`], so they follow the fp32 precision flags as
-//! PyTorch's math path does. Other dtypes, and dropout on wgpu (WGSL has no 64-bit integers
-//! for the shared dropout draw), run the reference on the host ([`serves`] says which).
+//! PyTorch's math path does. f16 and bf16 inputs are converted to f32 on the device and the
+//! result rounded back, as PyTorch's math path upcasts them (unless
+//! `allow_fp16_bf16_reduction_math_sdp` asks for half-type intermediates). f64, the half
+//! types under that flag, and dropout on wgpu (WGSL has no 64-bit integers for the shared
+//! dropout draw) run the reference on the host ([`serves`] says which).
 
 use super::{Job, band_args, broadcast_strides};
 use crate::core::generator::Draw;
@@ -22,8 +25,28 @@ const OP: &str = "math attention on the device";
 
 /// Why the device cannot run this call's math attention itself, or `None` where it can.
 pub(super) fn serves(job: &Job) -> Option<&'static str> {
-    if job.query.dtype() != DType::F32 {
-        return Some("its kernels compute f32 inputs; other dtypes run on the host");
+    match job.query.dtype() {
+        DType::F32 => {}
+        DType::F16 | DType::Bf16
+            if !crate::ops::sdpa::flags::fp16_bf16_reduction_math_sdp_allowed() => {}
+        DType::F16 | DType::Bf16 => {
+            return Some(
+                "allow_fp16_bf16_reduction_math_sdp rounds the scores and weights to the half \
+                 type, and the device kernels keep them in f32",
+            );
+        }
+        _ => return Some("its kernels compute in f32; f64 runs on the host"),
+    }
+    let half_types = [Some(job.query), job.options.attn_mask]
+        .into_iter()
+        .flatten()
+        .map(Tensor::dtype)
+        .filter(|d| matches!(d, DType::F16 | DType::Bf16));
+    if half_types
+        .into_iter()
+        .any(|d| !crate::ops::convert::converts_on(job.query.device(), d))
+    {
+        return Some("its bf16 conversion kernels need sm_80 or newer");
     }
     if job.options.dropout_p > 0.0 && matches!(job.query.device(), Device::Wgpu(_)) {
         return Some("WGSL has no 64-bit integers for the dropout draw");
@@ -31,20 +54,26 @@ pub(super) fn serves(job: &Job) -> Option<&'static str> {
     None
 }
 
-/// Math attention of an f32 job on its device.
+/// Math attention of an f32, f16 or bf16 job on its device, computed in f32.
 pub(super) fn attention(job: &Job) -> Result<Tensor> {
     let s = &job.shape;
     let group = s.h / s.hk;
+    let dtype = job.query.dtype();
+    // Half-type inputs (and additive masks) are read as f32, converted on the device.
+    let in_f32 = |t: &Tensor| match t.dtype() {
+        DType::F16 | DType::Bf16 => crate::ops::convert::to_f32(OP, t),
+        DType::F32 => Ok(t.clone()),
+        _ => Tensor::from_f64(&t.to_f64()?, t.shape(), DType::F32, t.device()),
+    };
     // [B, H, Lq, D] as [B·Hk, G·Lq, D]: the heads of one K/V head are consecutive.
-    let q = job.query.reshape(&[s.b * s.hk, group * s.lq, s.d])?;
-    let k = job.key.reshape(&[s.b * s.hk, s.lk, s.d])?;
-    let v = job.value.reshape(&[s.b * s.hk, s.lk, s.dv])?;
+    let q = in_f32(job.query)?.reshape(&[s.b * s.hk, group * s.lq, s.d])?;
+    let k = in_f32(job.key)?.reshape(&[s.b * s.hk, s.lk, s.d])?;
+    let v = in_f32(job.value)?.reshape(&[s.b * s.hk, s.lk, s.dv])?;
     let scores = matmul(&q, &k.t()?)?;
-    // An additive mask in another float type is read as f32.
     let converted;
     let mask = match job.options.attn_mask {
         Some(m) if m.dtype().is_float() && m.dtype() != DType::F32 => {
-            converted = Tensor::from_f64(&m.to_f64()?, m.shape(), DType::F32, m.device())?;
+            converted = in_f32(m)?;
             Some(&converted)
         }
         other => other,
@@ -54,7 +83,11 @@ pub(super) fn attention(job: &Job) -> Result<Tensor> {
         Device::Cuda(ordinal) => cuda_softmax(ordinal, &scores, mask, job)?,
         Device::Cpu => unreachable!("the CPU runs its own math path"),
     };
-    matmul(&weights, &v)?.view(&job.out_shape)
+    let out = matmul(&weights, &v)?.view(&job.out_shape)?;
+    match dtype {
+        DType::F32 => Ok(out),
+        _ => crate::ops::convert::from_f32(OP, &out, dtype),
+    }
 }
 
 /// The mask's kind, its element strides over `[B, H, Lq, Lk]` and its offset.

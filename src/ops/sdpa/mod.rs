@@ -373,7 +373,11 @@ pub fn sdpa(
         }
         (Device::Wgpu(_) | Device::Cuda(_), SdpBackend::Math) => match device_math::serves(&job) {
             None => trace::kernel(
-                describe("math on the device: GEMM, masked softmax, GEMM, f32"),
+                describe(if query.dtype() == DType::F32 {
+                    "math on the device: GEMM, masked softmax, GEMM, f32"
+                } else {
+                    "math on the device: converted to f32, GEMM, masked softmax, GEMM, rounded back"
+                }),
                 || {
                     Ok(SdpaOutput {
                         output: device_math::attention(&job)?,

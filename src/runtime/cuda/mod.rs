@@ -148,3 +148,31 @@ pub(crate) fn int_arg(op: &'static str, value: usize) -> Result<i32> {
 pub(crate) fn long_arg(value: usize) -> i64 {
     i64::try_from(value).expect("a buffer index fits in 63 bits")
 }
+
+/// For a unit test whose kernels run on the PTX interpreter: in the test process, runs test
+/// `name` (its full path) again in a child process where `cuda:0` is the interpreter (the
+/// device list is read once per process), asserts that it passed, passes its `skipped:`
+/// lines on and returns false; in that child, returns true.
+#[cfg(test)]
+pub(crate) fn in_interpreter_child(name: &str) -> bool {
+    const CHILD: &str = "BACKENDS_INTERPRETER_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env(INTERPRET_ENV, "1")
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success() && log.contains("1 passed"), "{log}");
+    for line in log.lines().filter(|l| l.starts_with("skipped:")) {
+        eprintln!("{line}");
+    }
+    false
+}

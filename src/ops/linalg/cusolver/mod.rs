@@ -470,24 +470,8 @@ mod tests {
     /// wide and tall matrices of a batch, against the same cut made on the host.
     #[test]
     fn the_triangle_kernel_keeps_one_triangle() {
-        const CHILD: &str = "BACKENDS_TRIANGLE_CHILD";
-        if std::env::var_os(CHILD).is_none() {
-            let name = "ops::linalg::cusolver::tests::the_triangle_kernel_keeps_one_triangle";
-            let output = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([name, "--exact", "--nocapture", "--test-threads=1"])
-                .env(CHILD, "1")
-                .env(crate::runtime::cuda::INTERPRET_ENV, "1")
-                .output()
-                .unwrap();
-            let log = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            assert!(output.status.success() && log.contains("1 passed"), "{log}");
-            for line in log.lines().filter(|l| l.starts_with("skipped:")) {
-                eprintln!("{line}");
-            }
+        let name = "ops::linalg::cusolver::tests::the_triangle_kernel_keeps_one_triangle";
+        if !crate::runtime::cuda::in_interpreter_child(name) {
             return;
         }
         for dtype in [DType::F32, DType::F64] {
