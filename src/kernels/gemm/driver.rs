@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, OnceLock};
 
 use super::pack::{pack_a, pack_b};
-use super::{BOperand, MatView, Micro, MicroRowsFn, Rounding};
+use super::{BOperand, MatView, Micro, Rounding};
 use crate::DType;
 use crate::core::tensor::Element;
 use crate::kernels::convert::narrow_into;
@@ -110,10 +110,11 @@ pub(super) fn gemm_with<T: Element>(
     c: &mut [f32],
     (m, n, k): (usize, usize, usize),
     a: MatView<T>,
-    b: BOperand<T>,
+    b: MatView<T>,
     rounding: Rounding,
     threads: usize,
 ) {
+    let b = BOperand::View(b);
     let shares = Shares::new(mk, (m, n, k), threads);
     let (threads, a_panels, row_blocks, items) = (
         shares.threads,
@@ -253,9 +254,8 @@ pub(super) fn gemm_rows<T: Element>(
     let shares = Shares::unshared(mk, (m, n, k), threads);
     let (mr, nr, pairs, kc_max) = (mk.mr, mk.nr, mk.pairs, mk.kc_max());
     let b_panels = n.div_ceil(nr);
-    let in_place = mk
-        .run_rows
-        .filter(|_| T::DTYPE == DType::F32 && rounding == Rounding::None && !pairs);
+    let in_place =
+        mk.run_rows.is_some() && T::DTYPE == DType::F32 && rounding == Rounding::None && !pairs;
     // Every row has this many values from its start on: a panel from column `col0` is read
     // in place where `col0 + nr` is at most that.
     let readable = data.len() - starts.iter().max().copied().unwrap_or(0);
@@ -285,18 +285,16 @@ pub(super) fn gemm_rows<T: Element>(
                 pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                 for jp in b_range.clone() {
                     let col0 = jp * nr;
-                    let panel = match in_place {
-                        Some(run) if col0 + nr <= readable => BPanel::InPlace {
-                            run,
+                    let panel = if in_place && col0 + nr <= readable {
+                        BPanel::InPlace {
                             first: bytemuck::cast_slice::<T, f32>(data)[col0..].as_ptr(),
                             starts: &starts[pc..pc + kc],
-                        },
-                        _ => {
-                            let b = BOperand::Rows { data, starts };
-                            let own = &mut own[..nr * ks];
-                            pack_b(b, jp, own, nr, (pc, kc, 0, n), rounding, pairs);
-                            BPanel::Packed(own)
                         }
+                    } else {
+                        let b = BOperand::Rows { data, starts };
+                        let own = &mut own[..nr * ks];
+                        pack_b(b, jp, own, nr, (pc, kc, 0, n), rounding, pairs);
+                        BPanel::Packed(own)
                     };
                     for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
                         let row0 = ip * mr;
@@ -506,9 +504,9 @@ unsafe impl<T> Sync for SharedOut<T> {}
 pub(super) enum BPanel<'a> {
     /// A packed panel.
     Packed(&'a [f32]),
-    /// Rows in place, read by `run`: step `s`'s values from `first + starts[s]` on.
+    /// Rows in place, read by the kernel's `run_rows`: step `s`'s values from
+    /// `first + starts[s]` on.
     InPlace {
-        run: MicroRowsFn,
         first: *const f32,
         starts: &'a [usize],
     },
@@ -533,13 +531,19 @@ pub(super) unsafe fn tile(
     cols: usize,
     accumulate: bool,
 ) {
+    // A tile no wider than half the kernel's runs its half-width form, where it has one.
+    let (run_packed, run_rows, width) = match mk.half.filter(|_| cols <= mk.nr / 2) {
+        Some(half) => (half.run, half.run_rows, mk.nr / 2),
+        None => (mk.run, mk.run_rows, mk.nr),
+    };
     let run = |c: *mut f32, ldc: usize, accumulate: bool| match b {
         BPanel::Packed(b) => {
             debug_assert!(a.len() >= steps * mk.mr && b.len() >= steps * mk.nr);
             // SAFETY: the panels are long enough (asserted) and C holds the tile (caller).
-            unsafe { (mk.run)(steps, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) }
+            unsafe { run_packed(steps, a.as_ptr(), b.as_ptr(), c, ldc, accumulate) }
         }
-        BPanel::InPlace { run, first, starts } => {
+        BPanel::InPlace { first, starts } => {
+            let run = run_rows.expect("in-place panels go to kernels that read rows");
             debug_assert!(a.len() >= steps * mk.mr && starts.len() == steps);
             // SAFETY: the A panel is long enough (asserted), each row holds `nr` values from
             // its start and C holds the tile (caller).
@@ -556,7 +560,7 @@ pub(super) unsafe fn tile(
             }
         }
     };
-    if rows == mk.mr && cols == mk.nr {
+    if rows == mk.mr && cols == width {
         run(c, ldc, accumulate);
         return;
     }

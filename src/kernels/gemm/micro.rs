@@ -12,6 +12,7 @@ pub(super) const PORTABLE: Micro = Micro {
     pairs: false,
     run: micro_portable,
     run_rows: None,
+    half: None,
 };
 
 /// # Safety
@@ -62,7 +63,7 @@ unsafe fn micro_portable(
 pub(super) mod x86 {
     use std::arch::x86_64::*;
 
-    use super::Micro;
+    use crate::kernels::gemm::{Half, Micro};
     use crate::kernels::simd::{Vector, prefetch_l1};
 
     /// The AVX-512 micro-kernel and its tile.
@@ -73,6 +74,10 @@ pub(super) mod x86 {
         pairs: false,
         run: micro_avx512,
         run_rows: Some(rows_avx512),
+        half: Some(Half {
+            run: half_avx512,
+            run_rows: Some(half_rows_avx512),
+        }),
     };
 
     /// The AVX512-BF16 micro-kernel: the AVX-512 tile over bf16 pairs (`vdpbf16ps`).
@@ -83,6 +88,7 @@ pub(super) mod x86 {
         pairs: true,
         run: micro_avx512_bf16,
         run_rows: None,
+        half: None,
     };
 
     /// The AVX2 micro-kernel and its tile.
@@ -93,6 +99,10 @@ pub(super) mod x86 {
         pairs: false,
         run: micro_avx2,
         run_rows: Some(rows_avx2),
+        half: Some(Half {
+            run: half_avx2,
+            run_rows: Some(half_rows_avx2),
+        }),
     };
 
     /// [`micro_lanes`] on zmm registers: a 6 x 64 tile in 24 accumulators.
@@ -132,6 +142,42 @@ pub(super) mod x86 {
         unsafe { micro_lanes::<__m512, 6, 4>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
     }
 
+    /// [`micro_avx512`] on the first 32 columns of its panel: a 6 x 32 tile.
+    ///
+    /// # Safety
+    /// As [`micro_avx512`]; `c` needs 32 writable floats per row only.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn half_avx512(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panels and tile (above).
+        unsafe { micro_lanes::<__m512, 6, 2>(kc, a, packed::<__m512, 4>(b), c, ldc, accumulate) }
+    }
+
+    /// [`rows_avx512`] on the first 32 columns: a 6 x 32 tile.
+    ///
+    /// # Safety
+    /// As [`rows_avx512`], with 32 readable floats from each row's start and 32 writable
+    /// floats per row of `c`.
+    #[target_feature(enable = "avx512f,fma")]
+    unsafe fn half_rows_avx512(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        starts: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panel, rows and tile (above).
+        unsafe { micro_lanes::<__m512, 6, 2>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
+    }
+
     /// [`micro_lanes`] on ymm registers: a 6 x 16 tile in 12 accumulators.
     ///
     /// # Safety
@@ -167,6 +213,42 @@ pub(super) mod x86 {
     ) {
         // SAFETY: the caller's CPU, panel, rows and tile (above).
         unsafe { micro_lanes::<__m256, 6, 2>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
+    }
+
+    /// [`micro_avx2`] on the first 8 columns of its panel: a 6 x 8 tile.
+    ///
+    /// # Safety
+    /// As [`micro_avx2`]; `c` needs 8 writable floats per row only.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half_avx2(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panels and tile (above).
+        unsafe { micro_lanes::<__m256, 6, 1>(kc, a, packed::<__m256, 2>(b), c, ldc, accumulate) }
+    }
+
+    /// [`rows_avx2`] on the first 8 columns: a 6 x 8 tile.
+    ///
+    /// # Safety
+    /// As [`rows_avx2`], with 8 readable floats from each row's start and 8 writable floats
+    /// per row of `c`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half_rows_avx2(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        starts: *const usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+    ) {
+        // SAFETY: the caller's CPU, panel, rows and tile (above).
+        unsafe { micro_lanes::<__m256, 6, 1>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
     }
 
     /// Where a packed B panel holds step `s`: `NV` vectors after the previous step's.

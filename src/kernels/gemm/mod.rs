@@ -103,6 +103,18 @@ pub(crate) struct Micro {
     run: MicroFn,
     /// The same tile reading f32 B rows in place, where the kernel has that form.
     run_rows: Option<MicroRowsFn>,
+    /// The kernel on half the tile's columns, where it has that form.
+    half: Option<Half>,
+}
+
+/// A micro-kernel on the first `nr / 2` columns of its panels (packed B steps keep their
+/// `nr` stride), for a last panel no wider: a full tile there computed columns that were
+/// dropped (an eighth of a 3 x 3 convolution at 14 x 14).
+#[derive(Clone, Copy)]
+pub(crate) struct Half {
+    run: MicroFn,
+    /// With the kernel's `run_rows`: the same, reading B rows in place.
+    run_rows: Option<MicroRowsFn>,
 }
 
 impl Micro {
@@ -178,7 +190,7 @@ pub(crate) fn gemm<T: Element>(
         c,
         (m, n, k),
         a,
-        BOperand::View(b),
+        b,
         rounding,
         threads,
     );
@@ -396,7 +408,7 @@ mod tests {
                     &mut c,
                     (m, n, k),
                     view(&a, k),
-                    BOperand::View(view(&b, n)),
+                    view(&b, n),
                     Rounding::Bf16,
                     2,
                 );
@@ -410,13 +422,79 @@ mod tests {
                     data[start..start + n].copy_from_slice(&b[r * n..(r + 1) * n]);
                 }
                 let mut c = vec![f32::NAN; m * n];
-                let rows = BOperand::Rows {
-                    data: &data,
-                    starts: &starts,
-                };
-                driver::gemm_with(*mk, &mut c, (m, n, k), view(&a, k), rows, Rounding::Bf16, 2);
+                let rows = (&data[..], &starts[..]);
+                driver::gemm_rows(*mk, &mut c, (m, n, k), view(&a, k), rows, Rounding::Bf16, 2);
                 let err = rel_err(&c, &want);
                 assert!(err < 1e-6, "rows {} {m}x{n}x{k}: {err}", mk.name);
+            }
+        }
+    }
+
+    /// Every f32 kernel this CPU runs, on products whose last panel is full, partial, half
+    /// wide (the half-width kernels) or narrower, in one K block or two, with B as a matrix
+    /// and as rows of one buffer (read in place where the rows have a panel's width of
+    /// values from a column on, else packed), against the f64 product.
+    #[test]
+    fn every_f32_kernel_matches_the_product_at_every_edge() {
+        let mut kernels = vec![micro::PORTABLE, micro_in_force()];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(
+            crate::runtime::cpu::detected_cpu_capability(),
+            CpuCapability::Avx2 | CpuCapability::Avx512
+        ) {
+            kernels.push(micro::x86::AVX2);
+        }
+        let values = |len: usize, salt: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + salt * 104_729) % 2000) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        fn view(data: &[f32], rs: usize) -> MatView<'_, f32> {
+            MatView {
+                data,
+                offset: 0,
+                rs,
+                cs: 1,
+            }
+        }
+        for (m, n, k) in [
+            (6, 32, 5),
+            (7, 8, 9),
+            (12, 33, 3),
+            (5, 96, 600),
+            (13, 100, 513),
+        ] {
+            let (a, b) = (values(m * k, m), values(k * n, n));
+            let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+            let want = product(&wide(&a), &wide(&b), (m, n, k));
+            for mk in &kernels {
+                let mut c = vec![f32::NAN; m * n];
+                let b_view = view(&b, n);
+                driver::gemm_with(
+                    *mk,
+                    &mut c,
+                    (m, n, k),
+                    view(&a, k),
+                    b_view,
+                    Rounding::None,
+                    2,
+                );
+                let err = rel_err(&c, &want);
+                assert!(err < 1e-6, "{} {m}x{n}x{k}: {err}", mk.name);
+                // B's rows stored last row first with `gap` values after each: 3 leaves the
+                // last panel packed, a panel's width reads every panel in place.
+                for gap in [3, 64] {
+                    let mut data = vec![f32::NAN; k * (n + gap)];
+                    let starts: Vec<usize> = (0..k).map(|r| (k - 1 - r) * (n + gap)).collect();
+                    for (r, &start) in starts.iter().enumerate() {
+                        data[start..start + n].copy_from_slice(&b[r * n..(r + 1) * n]);
+                    }
+                    let mut c = vec![f32::NAN; m * n];
+                    let rows = (&data[..], &starts[..]);
+                    driver::gemm_rows(*mk, &mut c, (m, n, k), view(&a, k), rows, Rounding::None, 2);
+                    let err = rel_err(&c, &want);
+                    assert!(err < 1e-6, "rows {} gap {gap} {m}x{n}x{k}: {err}", mk.name);
+                }
             }
         }
     }
