@@ -280,7 +280,8 @@ pub(super) fn gemm_rows<T: Element>(
             }
             let (a_range, b_range) = shares.ranges(item, b_panels);
             for pc in (0..k).step_by(kc_max) {
-                let (kc, ks) = (kc_max.min(k - pc), mk.steps(kc_max.min(k - pc)));
+                let kc = kc_max.min(k - pc);
+                let ks = mk.steps(kc);
                 let a_buf = &mut a_block[..a_range.len() * mr * ks];
                 pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                 for jp in b_range.clone() {

@@ -37,15 +37,15 @@ pub(super) fn serves(job: &Job) -> Option<&'static str> {
         }
         _ => return Some("its kernels compute in f32; f64 runs on the host"),
     }
-    let half_types = [Some(job.query), job.options.attn_mask]
+    let device = job.query.device();
+    let unconverted = [Some(job.query), job.options.attn_mask]
         .into_iter()
         .flatten()
         .map(Tensor::dtype)
-        .filter(|d| matches!(d, DType::F16 | DType::Bf16));
-    if half_types
-        .into_iter()
-        .any(|d| !crate::ops::convert::converts_on(job.query.device(), d))
-    {
+        .any(|d| {
+            matches!(d, DType::F16 | DType::Bf16) && !crate::ops::convert::converts_on(device, d)
+        });
+    if unconverted {
         return Some("its bf16 conversion kernels need sm_80 or newer");
     }
     if job.options.dropout_p > 0.0 && matches!(job.query.device(), Device::Wgpu(_)) {
