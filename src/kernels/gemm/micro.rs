@@ -105,151 +105,70 @@ pub(super) mod x86 {
         }),
     };
 
-    /// [`micro_lanes`] on zmm registers: a 6 x 64 tile in 24 accumulators.
-    ///
-    /// # Safety
-    /// The CPU has AVX-512F (and FMA, which the AVX-512 level includes); the panels and the
-    /// tile as [`micro_lanes`] says (`MR` = 6, `NV` = 4).
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn micro_avx512(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU and panels (above).
-        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, packed::<__m512, 4>(b), c, ldc, accumulate) }
+    /// Emits a micro-kernel over packed B panels and its twin reading B's rows in place, both
+    /// [`micro_lanes`] with `MR` = 6 and `$nv` vectors of `$v` per step (`$tile` columns),
+    /// compiled for `$features`. The packed panels' steps are `$stride` vectors apart: `$nv`
+    /// for a whole tile, twice that for the half-width kernels, which read a panel's first
+    /// half.
+    macro_rules! lanes {
+        ($features:literal, $v:ty, $nv:literal, $stride:literal, $tile:literal, $packed:ident, $rows:ident) => {
+            #[doc = concat!("[`micro_lanes`] on a 6 x ", $tile, " tile over a packed B panel.")]
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU has ", $features, "; the panels and the tile as [`micro_lanes`]")]
+            #[doc = concat!("says, a packed step holding `", $stride, "` vectors.")]
+            #[target_feature(enable = $features)]
+            unsafe fn $packed(
+                kc: usize,
+                a: *const f32,
+                b: *const f32,
+                c: *mut f32,
+                ldc: usize,
+                accumulate: bool,
+            ) {
+                // SAFETY: the caller's CPU, panels and tile (above).
+                unsafe {
+                    micro_lanes::<$v, 6, $nv>(kc, a, packed::<$v, $stride>(b), c, ldc, accumulate)
+                }
+            }
+
+            #[doc = concat!("[`micro_lanes`] on a 6 x ", $tile, " tile reading step `s`'s B values")]
+            /// in place at `b + starts[s]`.
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU has ", $features, "; `starts` holds `kc` offsets from `b`, each")]
+            #[doc = concat!("the start of ", $tile, " readable floats; the A panel and the tile as")]
+            /// [`micro_lanes`] says.
+            #[target_feature(enable = $features)]
+            unsafe fn $rows(
+                kc: usize,
+                a: *const f32,
+                b: *const f32,
+                starts: *const usize,
+                c: *mut f32,
+                ldc: usize,
+                accumulate: bool,
+            ) {
+                // SAFETY: the caller's CPU, panel, rows and tile (above).
+                unsafe {
+                    micro_lanes::<$v, 6, $nv>(kc, a, in_place(b, starts, kc), c, ldc, accumulate)
+                }
+            }
+        };
     }
 
-    /// [`micro_avx512`] reading step `s`'s 64 B values in place at `b + starts[s]`.
-    ///
-    /// # Safety
-    /// As [`micro_avx512`], with `starts` holding `kc` offsets from `b`, each the start of 64
-    /// readable floats.
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn rows_avx512(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        starts: *const usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panel, rows and tile (above).
-        unsafe { micro_lanes::<__m512, 6, 4>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
-    }
-
-    /// [`micro_avx512`] on the first 32 columns of its panel: a 6 x 32 tile.
-    ///
-    /// # Safety
-    /// As [`micro_avx512`]; `c` needs 32 writable floats per row only.
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn half_avx512(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panels and tile (above).
-        unsafe { micro_lanes::<__m512, 6, 2>(kc, a, packed::<__m512, 4>(b), c, ldc, accumulate) }
-    }
-
-    /// [`rows_avx512`] on the first 32 columns: a 6 x 32 tile.
-    ///
-    /// # Safety
-    /// As [`rows_avx512`], with 32 readable floats from each row's start and 32 writable
-    /// floats per row of `c`.
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn half_rows_avx512(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        starts: *const usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panel, rows and tile (above).
-        unsafe { micro_lanes::<__m512, 6, 2>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
-    }
-
-    /// [`micro_lanes`] on ymm registers: a 6 x 16 tile in 12 accumulators.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA; the panels and the tile as [`micro_lanes`] says (`MR` = 6,
-    /// `NV` = 2).
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn micro_avx2(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU and panels (above).
-        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, packed::<__m256, 2>(b), c, ldc, accumulate) }
-    }
-
-    /// [`micro_avx2`] reading step `s`'s 16 B values in place at `b + starts[s]`.
-    ///
-    /// # Safety
-    /// As [`micro_avx2`], with `starts` holding `kc` offsets from `b`, each the start of 16
-    /// readable floats.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_avx2(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        starts: *const usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panel, rows and tile (above).
-        unsafe { micro_lanes::<__m256, 6, 2>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
-    }
-
-    /// [`micro_avx2`] on the first 8 columns of its panel: a 6 x 8 tile.
-    ///
-    /// # Safety
-    /// As [`micro_avx2`]; `c` needs 8 writable floats per row only.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn half_avx2(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panels and tile (above).
-        unsafe { micro_lanes::<__m256, 6, 1>(kc, a, packed::<__m256, 2>(b), c, ldc, accumulate) }
-    }
-
-    /// [`rows_avx2`] on the first 8 columns: a 6 x 8 tile.
-    ///
-    /// # Safety
-    /// As [`rows_avx2`], with 8 readable floats from each row's start and 8 writable floats
-    /// per row of `c`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn half_rows_avx2(
-        kc: usize,
-        a: *const f32,
-        b: *const f32,
-        starts: *const usize,
-        c: *mut f32,
-        ldc: usize,
-        accumulate: bool,
-    ) {
-        // SAFETY: the caller's CPU, panel, rows and tile (above).
-        unsafe { micro_lanes::<__m256, 6, 1>(kc, a, in_place(b, starts, kc), c, ldc, accumulate) }
-    }
+    lanes!("avx512f,fma", __m512, 4, 4, 64, micro_avx512, rows_avx512);
+    lanes!(
+        "avx512f,fma",
+        __m512,
+        2,
+        4,
+        32,
+        half_avx512,
+        half_rows_avx512
+    );
+    lanes!("avx2,fma", __m256, 2, 2, 16, micro_avx2, rows_avx2);
+    lanes!("avx2,fma", __m256, 1, 2, 8, half_avx2, half_rows_avx2);
 
     /// Where a packed B panel holds step `s`: `NV` vectors after the previous step's.
     #[inline(always)]
