@@ -204,27 +204,24 @@ pub(super) fn gemm_with<T: Element>(
                 let a_buf = &mut a_block[..a_range.len() * mr * ks];
                 pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                 for jp in b_range {
-                    let b_panel = &b_buf[jp * nr * ks..(jp + 1) * nr * ks];
+                    let b_panel = BPanel::Packed(&b_buf[jp * nr * ks..(jp + 1) * nr * ks]);
                     let col0 = jc + jp * nr;
-                    for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
-                        let row0 = ip * mr;
-                        // SAFETY: every item is taken by one thread and items cover disjoint
-                        // tiles; the tile lies inside the m x n output (rows and cols are
-                        // clipped).
-                        unsafe {
-                            tile(
-                                mk,
-                                ks,
-                                a_panel,
-                                BPanel::Packed(b_panel),
-                                c_ptr.get().add(row0 * n + col0),
-                                n,
-                                mr.min(m - row0),
-                                nr.min(n - col0),
-                                pc > 0,
-                            )
-                        };
-                    }
+                    let c = c_ptr.get().wrapping_add(a_range.start * mr * n + col0);
+                    // SAFETY: every item is taken by one thread and items cover disjoint
+                    // tiles; the tiles lie inside the m x n output (rows and cols are
+                    // clipped).
+                    unsafe {
+                        tile_column(
+                            mk,
+                            ks,
+                            (a_buf, a_range.start),
+                            b_panel,
+                            c,
+                            n,
+                            (m, n - col0),
+                            pc > 0,
+                        )
+                    };
                 }
             }
             barrier.wait();
@@ -297,26 +294,23 @@ pub(super) fn gemm_rows<T: Element>(
                         pack_b(b, jp, own, nr, (pc, kc, 0, n), rounding, pairs);
                         BPanel::Packed(own)
                     };
-                    for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
-                        let row0 = ip * mr;
-                        // SAFETY: items cover disjoint tiles, each taken by one thread
-                        // through all its K blocks; the tile lies inside the m x n output
-                        // (rows and columns clipped); an in-place panel's rows hold `nr`
-                        // values from `col0` (`readable`).
-                        unsafe {
-                            tile(
-                                mk,
-                                ks,
-                                a_panel,
-                                panel,
-                                c_ptr.get().add(row0 * n + col0),
-                                n,
-                                mr.min(m - row0),
-                                nr.min(n - col0),
-                                pc > 0,
-                            )
-                        };
-                    }
+                    let c = c_ptr.get().wrapping_add(a_range.start * mr * n + col0);
+                    // SAFETY: items cover disjoint tiles, each taken by one thread through
+                    // all its K blocks; the tiles lie inside the m x n output (rows and
+                    // columns clipped); an in-place panel's rows hold `nr` values from
+                    // `col0` (`readable`).
+                    unsafe {
+                        tile_column(
+                            mk,
+                            ks,
+                            (a_buf, a_range.start),
+                            panel,
+                            c,
+                            n,
+                            (m, n - col0),
+                            pc > 0,
+                        )
+                    };
                 }
             }
         }
@@ -427,26 +421,23 @@ pub(super) fn gemm_narrow<T: Element, O: Element>(
                     let a_buf = &mut a_block[..a_range.len() * mr * ks];
                     pack_a(a, a_range.start, a_buf, mr, (pc, kc, m), rounding, pairs);
                     for jp in b_range.clone() {
-                        let panel = &b_buf[(jp * all_steps + at) * nr..][..ks * nr];
+                        let panel = BPanel::Packed(&b_buf[(jp * all_steps + at) * nr..][..ks * nr]);
                         let x = (jp - b_range.start) * nr;
-                        for (a_panel, ip) in a_buf.chunks_exact(mr * ks).zip(a_range.clone()) {
-                            let y = (ip - a_range.start) * mr;
-                            // SAFETY: the tile lies inside this thread's block of sums
-                            // (rows and columns clipped to the output's).
-                            unsafe {
-                                tile(
-                                    mk,
-                                    ks,
-                                    a_panel,
-                                    BPanel::Packed(panel),
-                                    sums.as_mut_ptr().add(y * width + x),
-                                    width,
-                                    mr.min(m - ip * mr),
-                                    nr.min(nc - jp * nr),
-                                    pc > 0,
-                                )
-                            };
-                        }
+                        let (at_x, columns) = (sums.as_mut_ptr().wrapping_add(x), nc - jp * nr);
+                        // SAFETY: the tiles lie inside this thread's block of sums (rows and
+                        // columns clipped to the output's).
+                        unsafe {
+                            tile_column(
+                                mk,
+                                ks,
+                                (a_buf, a_range.start),
+                                panel,
+                                at_x,
+                                width,
+                                (m, columns),
+                                pc > 0,
+                            )
+                        };
                     }
                 }
                 let bias = bias.map(|bias| &bias[col0..col0 + cols]);
@@ -511,6 +502,43 @@ pub(super) enum BPanel<'a> {
         first: *const f32,
         starts: &'a [usize],
     },
+}
+
+/// The tiles of one B panel against each A panel of `a_panels` (A's panels `first` on), into
+/// C from `c` (the first A panel's first row, the B panel's first column; rows `ldc` apart),
+/// clipped to A's `m` rows and to `cols` columns left from the panel's first.
+///
+/// # Safety
+/// As [`tile`], for every tile: C holds the clipped tiles, which no other thread touches.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_column(
+    mk: Micro,
+    steps: usize,
+    (a_panels, first): (&[f32], usize),
+    b: BPanel,
+    c: *mut f32,
+    ldc: usize,
+    (m, cols): (usize, usize),
+    accumulate: bool,
+) {
+    for (i, a_panel) in a_panels.chunks_exact(mk.mr * steps).enumerate() {
+        let row0 = (first + i) * mk.mr;
+        let (rows, cols) = (mk.mr.min(m - row0), mk.nr.min(cols));
+        // SAFETY: the caller's tiles.
+        unsafe {
+            tile(
+                mk,
+                steps,
+                a_panel,
+                b,
+                c.wrapping_add(i * mk.mr * ldc),
+                ldc,
+                rows,
+                cols,
+                accumulate,
+            )
+        };
+    }
 }
 
 /// Stores (or with `accumulate`, adds) one `rows x cols` tile (at most `mr x nr`) into C at
