@@ -500,22 +500,18 @@ fn every_cpu_micro_kernel_level_gives_the_same_answer() {
         {
             continue;
         }
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
+        let (passed, log) = common::rerun(
+            &[
                 "every_cpu_micro_kernel_level_gives_the_same_answer",
                 "--exact",
                 "--test-threads=1",
-            ])
-            .env("ATEN_CPU_CAPABILITY", cap)
-            .env("BACKENDS_TEST_CHILD_LEVEL", shown)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&output.stdout);
-        assert!(
-            output.status.success() && log.contains("1 passed"),
-            "{cap}: {log}{}",
-            String::from_utf8_lossy(&output.stderr)
+            ],
+            &[
+                ("ATEN_CPU_CAPABILITY", cap),
+                ("BACKENDS_TEST_CHILD_LEVEL", shown),
+            ],
         );
+        assert!(passed && log.contains("1 passed"), "{cap}: {log}");
     }
 }
 

@@ -927,48 +927,39 @@ fn wgpu_flash_and_mem_efficient_match_the_reference() {
 #[test]
 fn wgpu_math_runs_on_the_device() {
     let Some(device) = adapter() else { return };
+    let shader_f16 = backends::adapters::list()[0].shader_f16;
     let mut dtypes = vec![(DType::F32, 1e-5), (DType::Bf16, 1e-2)];
-    if backends::adapters::list()[0].shader_f16 {
+    if shader_f16 {
         dtypes.push((DType::F16, 1e-3));
     }
     for (dtype, bound) in dtypes {
         let err = common::device_math_error(device, dtype);
         assert!(err < bound, "{dtype} math on wgpu vs the CPU: {err:e}");
     }
-    // With half-type intermediates asked for, the host serves f16 (wgpu's bf16 tensors are
-    // computed in f32 throughout), and the trace says why.
-    if backends::adapters::list()[0].shader_f16 {
-        let _reduced = backends::cuda::sdp::MATH_SDP_REDUCTION.guard_scoped(true);
-        let q = Tensor::from_f64(&random(64), &[1, 1, 4, 16], DType::F16, device).unwrap();
+    // Where the host serves math attention, the trace says why.
+    let on_the_host = |dtype, options: &SdpaOptions, why: &str| {
+        let q = Tensor::from_f64(&random(64), &[1, 1, 4, 16], dtype, device).unwrap();
         let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
         let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
         let capture = backends::TraceCapture::start();
-        sdpa(&q, &q, &q, &SdpaOptions::default()).unwrap();
+        sdpa(&q, &q, &q, options).unwrap();
         let trace = capture.take();
-        assert!(
-            trace
-                .iter()
-                .any(|l| l.contains("math on the host: allow_fp16_bf16_reduction_math_sdp")),
-            "{trace:?}"
-        );
+        let line = format!("math on the host: {why}");
+        assert!(trace.iter().any(|l| l.contains(&line)), "{trace:?}");
+    };
+    // Half-type intermediates asked for: f16 (wgpu's bf16 tensors are computed in f32
+    // throughout).
+    if shader_f16 {
+        let _reduced = backends::cuda::sdp::MATH_SDP_REDUCTION.guard_scoped(true);
+        let why = "allow_fp16_bf16_reduction_math_sdp";
+        on_the_host(DType::F16, &SdpaOptions::default(), why);
     }
-    // Dropout needs 64-bit integers WGSL lacks: the host serves, and the trace says why.
-    let q = Tensor::from_f64(&random(64), &[1, 1, 4, 16], DType::F32, device).unwrap();
-    let _math = sdpa_kernel_scoped(&[SdpBackend::Math], false);
-    let _verbose = backends::mkl::verbose_scoped(backends::mkl::VERBOSE_ON).unwrap();
-    let capture = backends::TraceCapture::start();
-    let options = SdpaOptions {
+    // Dropout needs 64-bit integers WGSL lacks.
+    let dropout = SdpaOptions {
         dropout_p: 0.2,
         ..SdpaOptions::default()
     };
-    sdpa(&q, &q, &q, &options).unwrap();
-    let trace = capture.take();
-    assert!(
-        trace
-            .iter()
-            .any(|l| l.contains("math on the host: WGSL has no 64-bit")),
-        "{trace:?}"
-    );
+    on_the_host(DType::F32, &dropout, "WGSL has no 64-bit");
 }
 
 #[test]

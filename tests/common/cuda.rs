@@ -112,17 +112,11 @@ pub fn rerun_on_the_interpreter() -> Option<(usize, usize)> {
         eprintln!("skipped: no CUDA kernels in this build (no PTX, no NVRTC)");
         return None;
     }
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--test-threads=2", "--nocapture"])
-        .env("BACKENDS_CUDA_INTERPRET", "1")
-        .output()
-        .unwrap();
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+    let (passed, log) = super::rerun(
+        &["--test-threads=2", "--nocapture"],
+        &[("BACKENDS_CUDA_INTERPRET", "1")],
     );
-    assert!(output.status.success(), "on the interpreter:\n{log}");
+    assert!(passed, "on the interpreter:\n{log}");
     let skipped = log.lines().filter(|l| l.starts_with("skipped:")).count();
     let passed = log
         .lines()

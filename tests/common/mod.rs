@@ -151,15 +151,23 @@ pub fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
     if std::env::var_os(CHILD).is_some() {
         return true;
     }
+    let args = [
+        name,
+        "--exact",
+        "--test-threads=1",
+        "--nocapture",
+        "--include-ignored",
+    ];
+    let (passed, log) = rerun(&args, &[&[(CHILD, "1")], vars].concat());
+    assert!(passed && log.contains("1 passed"), "child {name}:\n{log}");
+    false
+}
+
+/// Runs this test binary again in a child process with `args` and `vars`: whether it exited
+/// successfully, and its output (stdout, then stderr).
+pub fn rerun(args: &[&str], vars: &[(&str, &str)]) -> (bool, String) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            name,
-            "--exact",
-            "--test-threads=1",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env(CHILD, "1")
+        .args(args)
         .envs(vars.iter().copied())
         .output()
         .unwrap();
@@ -168,11 +176,7 @@ pub fn in_child(name: &str, vars: &[(&str, &str)]) -> bool {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        output.status.success() && log.contains("1 passed"),
-        "child {name}:\n{log}"
-    );
-    false
+    (output.status.success(), log)
 }
 
 /// The first wgpu adapter, or `None` (with the reason printed) on a machine without one.
