@@ -47,6 +47,13 @@ pub struct KernelEntry {
     pub wgsl: Option<WgslKernel>,
 }
 
+impl KernelEntry {
+    /// Whether a CUDA device of compute capability `sm` (× 10) runs this kernel.
+    pub fn runs_on_sm(&self, sm: u32) -> bool {
+        self.cuda.as_ref().is_some_and(|cuda| cuda.min_sm <= sm)
+    }
+}
+
 /// One CUDA module: the variants of a family that run on one tier (see
 /// `variants::PTX_TIERS`), compiled together.
 #[derive(Debug)]

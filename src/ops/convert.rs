@@ -69,13 +69,12 @@ pub(crate) fn converts_on(device: Device, dtype: DType) -> bool {
     let Some(elem) = dtype.elem() else {
         return false;
     };
-    let min_sm = crate::kernels::lookup(&KernelKey::Convert(ConvertKey {
+    let (major, minor) = crate::runtime::cuda::get_device_capability(ordinal).unwrap_or((0, 0));
+    let key = KernelKey::Convert(ConvertKey {
         from: elem,
         to: Elem::F32,
-    }))
-    .and_then(|entry| entry.cuda.as_ref().map(|cuda| cuda.min_sm));
-    let (major, minor) = crate::runtime::cuda::get_device_capability(ordinal).unwrap_or((0, 0));
-    min_sm.is_some_and(|min_sm| major * 10 + minor >= min_sm)
+    });
+    crate::kernels::lookup(&key).is_some_and(|entry| entry.runs_on_sm(major * 10 + minor))
 }
 
 /// `t` (f16 or bf16, on wgpu or CUDA) as a contiguous f32 tensor, converted on its device.

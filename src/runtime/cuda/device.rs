@@ -199,7 +199,7 @@ impl CudaDevice {
             let names: Vec<&str> = crate::kernels::ENTRIES
                 .iter()
                 .filter(|e| e.key.family() == family)
-                .filter(|e| e.cuda.as_ref().is_some_and(|c| c.min_sm <= sm))
+                .filter(|e| e.runs_on_sm(sm))
                 .map(|e| e.name)
                 .collect();
             if names.is_empty() {
