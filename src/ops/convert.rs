@@ -35,30 +35,6 @@ pub(crate) fn widened(op: &'static str, t: &Tensor) -> Result<Tensor> {
     Ok(whole.with_layout(t.shape().to_vec(), t.strides().to_vec(), t.offset()))
 }
 
-/// `t` (f32 on wgpu) rounded to bf16, contiguous.
-pub(crate) fn narrowed(op: &'static str, t: &Tensor) -> Result<Tensor> {
-    let Device::Wgpu(index) = t.device() else {
-        unreachable!("only wgpu tensors are narrowed")
-    };
-    let t = t.contiguous()?;
-    let source = t.wgpu_buffer().expect("a wgpu tensor has a buffer");
-    let n = t.numel();
-    let out = convert(
-        op,
-        index,
-        (Elem::F32, Elem::Bf16),
-        source,
-        (t.offset(), n),
-        n * 2,
-    )?;
-    Ok(Tensor::from_storage(
-        Storage::Device(Box::new(out)),
-        DType::Bf16,
-        t.device(),
-        t.shape(),
-    ))
-}
-
 /// Whether `device` (wgpu or CUDA) converts `dtype` (f16 or bf16) to and from f32 itself: a
 /// CUDA device older than the conversion kernels' compute capability does not (bf16's need
 /// sm_80).

@@ -53,11 +53,11 @@ pub(crate) fn conv2d(
     g: &Geometry,
 ) -> Result<Tensor> {
     if crate::ops::convert::is_wgpu_bf16(input) {
-        use crate::ops::convert::{narrowed, widened};
+        use crate::ops::convert::{from_f32, widened};
         let wide = |t: &Tensor| widened("conv2d", t);
         let bias = bias.map(wide).transpose()?;
         let result = conv2d(&wide(input)?, &wide(weight)?, bias.as_ref(), g)?;
-        return narrowed("conv2d", &result);
+        return from_f32("conv2d", &result, DType::Bf16);
     }
     let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
     let device = input.device();

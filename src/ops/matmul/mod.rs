@@ -336,9 +336,9 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let product = match a.device() {
         Device::Cpu => return cpu(a, b, &p, bias),
         Device::Wgpu(index) if a.dtype() == DType::Bf16 => {
-            use crate::ops::convert::{narrowed, widened};
+            use crate::ops::convert::{from_f32, widened};
             let wide = wgpu(index, &widened("matmul", a)?, &widened("matmul", b)?, &p)?;
-            narrowed("matmul", &wide)?
+            from_f32("matmul", &wide, DType::Bf16)?
         }
         Device::Wgpu(index) => wgpu(index, a, b, &p)?,
         Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p)?,

@@ -180,7 +180,7 @@ pub(crate) fn bf16_on_wgpu(
     options: &SdpaOptions,
     attend: impl FnOnce([&Tensor; 3], &SdpaOptions) -> Result<SdpaOutput>,
 ) -> Result<SdpaOutput> {
-    use crate::ops::convert::{is_wgpu_bf16, narrowed, widened};
+    use crate::ops::convert::{from_f32, is_wgpu_bf16, widened};
     let [q, k, v] = inputs.map(|t| widened(op, t));
     let mask = match options.attn_mask {
         Some(m) if is_wgpu_bf16(m) => Some(widened(op, m)?),
@@ -192,7 +192,7 @@ pub(crate) fn bf16_on_wgpu(
     };
     let out = attend([&q?, &k?, &v?], &options)?;
     Ok(SdpaOutput {
-        output: narrowed(op, &out.output)?,
+        output: from_f32(op, &out.output, DType::Bf16)?,
         ..out
     })
 }
