@@ -97,6 +97,14 @@ fn a_paged_cache_matches_each_sequence_alone() {
             paged_error::<f32>(&[200, 16, 77], (4, 4, 16, 32, block), lower, Device::Cpu);
         assert!(err < 1e-5, "Lq 16, block {block}: {err}");
         assert!(!decoding(&lines), "{lines:?}");
+        // In bf16, on the CPU's bf16 dot products where they pay (the f32 FMAs elsewhere).
+        let (err, lines) =
+            paged_error::<bf16>(&[200, 16, 77], (4, 4, 16, 32, block), lower, Device::Cpu);
+        assert!(err < 1e-2, "bf16 Lq 16, block {block}: {err}");
+        let dots = backends::cpu::get_cpu_capability() == backends::cpu::CpuCapability::Avx512
+            && backends::cpu::bf16_dot_speedup().is_some_and(|speedup| speedup > 1.5);
+        let said = lines.iter().any(|l| l.contains("bf16 dot products"));
+        assert_eq!(said, dots, "{lines:?}");
     }
     // One long sequence on 4 threads: its keys are split into runs, combined by their
     // log-sum-exps.

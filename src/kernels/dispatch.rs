@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use super::attention::{self, BlockArgs};
+use super::attention::{self, BfPairs, BlockArgs};
 use super::gemm::{self, Micro};
 
 /// One table of kernels for the capability in force.
@@ -17,6 +17,8 @@ pub(crate) struct CpuKernels {
     pub(crate) attention_block: fn(BlockArgs),
     /// Whether that block reads the keys as rows (else as transposed blocks).
     pub(crate) attention_reads_key_rows: bool,
+    /// Attention's fused block on bf16 dot products, where they pay.
+    pub(crate) attention_block_bf16: Option<fn(BlockArgs<BfPairs>)>,
 }
 
 /// The table, built on first use.
@@ -29,6 +31,7 @@ pub(crate) fn cpu_kernels() -> &'static CpuKernels {
             gemm_bf16: gemm::micro_for_bf16_in_force(),
             attention_block,
             attention_reads_key_rows,
+            attention_block_bf16: attention::bf16_block_in_force(),
         }
     })
 }

@@ -172,6 +172,25 @@ impl Avx2Token {
     }
 }
 
+/// Proof that the AVX-512 level is in force and the CPU has AVX512-BF16 dot products (only
+/// [`Avx512Bf16Token::get`] makes one).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512Bf16Token(());
+
+impl Avx512Bf16Token {
+    /// The proof, where the capability in force is AVX-512 and the CPU has AVX512-BF16.
+    pub(crate) fn get() -> Option<Avx512Bf16Token> {
+        (Avx512Token::get().is_some() && has_avx512_bf16()).then_some(Avx512Bf16Token(()))
+    }
+}
+
+/// Whether products of bf16 values should run on AVX512-BF16 dot products: the AVX-512
+/// level is in force and the CPU runs them well faster than f32 FMAs (see
+/// [`bf16_dot_speedup`]); else widening them to f32 is as fast or faster.
+pub(crate) fn bf16_dots_pay() -> bool {
+    Avx512Bf16Token::get().is_some() && bf16_dot_speedup().is_some_and(|speedup| speedup > 1.5)
+}
+
 /// Whether this CPU has AVX-512 BF16 dot products (the relaxed bf16 matmul path).
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -4,9 +4,9 @@
 use std::arch::x86_64::*;
 
 use super::portable::EXP2_POLY;
-use super::{BLOCK_M, BLOCK_N, Band, BlockArgs, Line, MaskView};
+use super::{BLOCK_M, BLOCK_N, Band, BfPairs, BlockArgs, Floats, Line, MaskView, Shape};
 use crate::kernels::simd::Vector;
-use crate::runtime::cpu::{Avx2Token, Avx512Token};
+use crate::runtime::cpu::{Avx2Token, Avx512Bf16Token, Avx512Token};
 
 /// The fused block for AVX-512: [`block_lanes`] with 16 rows per vector, score tiles of
 /// 8 keys x 48 rows and weighted-sum tiles of 8 value columns x 48 rows.
@@ -19,8 +19,31 @@ pub(super) fn block_avx512(_: Avx512Token, a: BlockArgs) {
 /// The CPU has AVX-512F and DQ, and FMA.
 #[target_feature(enable = "avx512f,avx512dq,fma")]
 unsafe fn block_avx512_unchecked(a: BlockArgs) {
+    let (inputs, a) = a.split();
     // SAFETY: the caller's CPU has what `__m512`'s operations need.
-    unsafe { block_lanes::<__m512, 8, 3, 8, 3>(a) }
+    unsafe {
+        let ops = FloatLanes::new::<__m512>(inputs, a.s, a.rows.len());
+        block_lanes::<__m512, _, 8, 3, 8, 3>(ops, a)
+    }
+}
+
+/// The fused block for AVX-512 on bf16 inputs: [`block_avx512`]'s tiles, the products
+/// formed by AVX512-BF16 dot products ([`super::pairs`]).
+pub(super) fn block_avx512_bf16(_: Avx512Bf16Token, a: BlockArgs<BfPairs>) {
+    // SAFETY: the token proves the CPU has AVX-512 and AVX512-BF16.
+    unsafe { block_avx512_bf16_unchecked(a) }
+}
+
+/// # Safety
+/// The CPU has AVX-512F, DQ and BW, AVX512-BF16 and FMA.
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512bf16,fma")]
+unsafe fn block_avx512_bf16_unchecked(a: BlockArgs<BfPairs>) {
+    let (inputs, a) = a.split();
+    // SAFETY: the caller's CPU has what the operations need.
+    unsafe {
+        let ops = super::pairs::PairLanes::new(inputs, a.s, a.rows.len());
+        block_lanes::<__m512, _, 8, 3, 8, 3>(ops, a)
+    }
 }
 
 /// The fused block for AVX2: [`block_lanes`] with 8 rows per vector, score tiles of
@@ -35,8 +58,12 @@ pub(super) fn block_avx2(_: Avx2Token, a: BlockArgs) {
 /// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2_unchecked(a: BlockArgs) {
+    let (inputs, a) = a.split();
     // SAFETY: the caller's CPU has what `__m256`'s operations need.
-    unsafe { block_lanes::<__m256, 4, 3, 6, 2>(a) }
+    unsafe {
+        let ops = FloatLanes::new::<__m256>(inputs, a.s, a.rows.len());
+        block_lanes::<__m256, _, 4, 3, 6, 2>(ops, a)
+    }
 }
 
 /// The vector operations of the online softmax, beyond the shared vocabulary.
@@ -139,29 +166,79 @@ struct RowState<V> {
     sum: V,
 }
 
+/// What a block multiplies, and how: the scores (queries x keys) and the weighted sums
+/// (weights x values), as register tiles with the block's rows in lanes. [`Floats`] holds
+/// f32 inputs (FMAs); [`super::pairs`] bf16 ones (AVX512-BF16 dot products, two keys or
+/// two dims per f32 lane).
+pub(super) trait Operands<V: Vector> {
+    /// Cache lines a score tile's loop asks for ahead (one per step).
+    fn score_steps(&self) -> usize;
+    /// Cache lines a weighted-sum tile's loop asks for ahead.
+    fn weight_steps(&self) -> usize;
+    /// The bytes holding the values of keys `kb..kb + keys` (asked for in L2 while the
+    /// scores are formed).
+    fn value_bytes(&self, kb: usize, keys: usize) -> &[u8];
+    /// The bytes holding keys `start..end` (asked for while the weighted sums are formed).
+    fn key_bytes(&self, start: usize, end: usize) -> &[u8];
+    /// Scores of the `KEYS` keys `keys[c]` against `VECS` vectors of the block's rows from
+    /// `r0`, scaled: `out[c][r]`. Asks for `ahead` in L2, a line per step.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set and what the operands' products need.
+    unsafe fn scores<const KEYS: usize, const VECS: usize>(
+        &self,
+        r0: usize,
+        keys: [usize; KEYS],
+        out: &mut [[f32; BLOCK_M]],
+        ahead: &[u8],
+    );
+    /// Takes the weights `st[..keys]` of the key block in hand for [`Operands::weighted`].
+    ///
+    /// # Safety
+    /// As for [`Operands::scores`].
+    unsafe fn take_weights(&mut self, st: &[[f32; BLOCK_M]], keys: usize);
+    /// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c w[c][r]·v[kb + c][x]` for value columns
+    /// `x0..x0 + COLS` and `VECS` vectors of rows from `r0`, over the `keys` keys of the
+    /// block from `kb` (`st` its weights). Asks for `ahead` in L2, a line per step.
+    ///
+    /// # Safety
+    /// As for [`Operands::scores`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weighted<const COLS: usize, const VECS: usize>(
+        &self,
+        acc_t: &mut [f32],
+        r0: usize,
+        x0: usize,
+        alpha: &[f32; BLOCK_M],
+        st: &[[f32; BLOCK_M]],
+        kb: usize,
+        keys: usize,
+        ahead: &[u8],
+    );
+}
+
 /// The fused block with its 48 query rows in vector lanes: scores as register tiles of
 /// `KEYS` keys x `VECS` vectors of rows (the keys read as rows, not transposed), the
 /// online softmax one vector of rows at a time (no horizontal reductions, no branches
 /// on the data), the weighted sums as register tiles of `COLS` value columns x `WVECS`
 /// vectors of rows (the values broadcast, the weights read as vectors), turned back
-/// into rows once per block.
+/// into rows once per block. `ops` forms the products.
 ///
 /// # Safety
-/// The CPU has `V`'s instruction set.
+/// The CPU has `V`'s instruction set and what `ops` needs.
 #[inline(always)]
 unsafe fn block_lanes<
     V: SoftmaxLanes,
+    O: Operands<V>,
     const KEYS: usize,
     const VECS: usize,
     const COLS: usize,
     const WVECS: usize,
 >(
-    a: BlockArgs,
+    mut ops: O,
+    a: BlockArgs<()>,
 ) {
     let BlockArgs {
-        q,
-        k,
-        v,
         rows,
         s,
         band,
@@ -171,16 +248,11 @@ unsafe fn block_lanes<
         ..
     } = a;
     let n_rows = rows.len();
-    let d = s.d;
     // Rows per tile pass (48 or 24), vectors of rows per block (3 or 6).
     let pass = VECS * V::LANES;
     let vectors = BLOCK_M / V::LANES;
     assert!(BLOCK_M.is_multiple_of(pass) && vectors <= 6 && BLOCK_N.is_multiple_of(KEYS));
     assert!(BLOCK_M.is_multiple_of(WVECS * V::LANES));
-    // The block's queries transposed, `qt[x][r]`, rows past the block zero.
-    // SAFETY: under `V`'s instruction set (the caller's).
-    let qt_lines = unsafe { transpose_queries::<V>(q, d, n_rows) };
-    let qt: &[f32] = bytemuck::cast_slice(&qt_lines);
     // Scores, then weights, of the key block: `st[c][r]`.
     let mut st_lines = [[Line::ZERO; BLOCK_M / 16]; BLOCK_N];
     let st: &mut [[f32; BLOCK_M]] = bytemuck::cast_slice_mut(&mut st_lines);
@@ -196,21 +268,20 @@ unsafe fn block_lanes<
     let mut acc_t_lines = vec![Line::ZERO; s.dv * BLOCK_M / 16];
     let acc_t: &mut [f32] = bytemuck::cast_slice_mut(&mut acc_t_lines);
     let (k_start, k_end) = super::key_span(band, rows.clone(), s.lk);
+    let (score_line, weight_line) = (64 * ops.score_steps(), 64 * ops.weight_steps());
     for kb in (k_start..k_end).step_by(BLOCK_N) {
         let keys = BLOCK_N.min(k_end - kb);
         // While the scores are formed, the block's values are fetched into L2, and the
         // next block's keys while the weighted sums are (+4-11% at d = 128, L ≥ 1024).
-        let block_values = &v[kb * s.dv..(kb + keys) * s.dv];
-        let next_keys = &k[(kb + keys) * d..k_end.min(kb + keys + BLOCK_N) * d];
         let mut tiles = 0;
         for r0 in (0..n_rows).step_by(pass) {
             for c0 in (0..keys).step_by(KEYS) {
                 // Past the last key, repeat it (those scores are never read).
-                let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1) * d);
-                let ahead = piece(block_values, tiles, 16 * d);
+                let key_at = std::array::from_fn(|c| (kb + c0 + c).min(s.lk - 1));
+                let ahead = piece(ops.value_bytes(kb, keys), tiles, score_line);
                 tiles += 1;
-                // SAFETY: under `V`'s instruction set (the caller's).
-                unsafe { scores::<V, KEYS, VECS>(qt, r0, d, k, key_at, &mut st[c0..], ahead) };
+                // SAFETY: under `V`'s instruction set and `ops`' (the caller's).
+                unsafe { ops.scores::<KEYS, VECS>(r0, key_at, &mut st[c0..], ahead) };
             }
         }
         // A mask that varies along the rows is added here, tile by tile; one that does not
@@ -245,24 +316,22 @@ unsafe fn block_lanes<
             // SAFETY: under `V`'s instruction set (the caller's).
             unsafe { softmax(&mut st[..keys], lanes, state, &mut alpha) };
         }
-        let values = &v[kb * s.dv..];
+        // SAFETY: under `V`'s instruction set and `ops`' (the caller's).
+        unsafe { ops.take_weights(st, keys) };
+        let next_keys = (kb + keys, k_end.min(kb + keys + BLOCK_N));
         let mut tiles = 0;
         for r0 in (0..n_rows).step_by(WVECS * V::LANES) {
             let mut x0 = 0;
             while x0 + COLS <= s.dv {
-                let ahead = piece(next_keys, tiles, 16 * BLOCK_N);
+                let ahead = piece(ops.key_bytes(next_keys.0, next_keys.1), tiles, weight_line);
                 tiles += 1;
-                // SAFETY: under `V`'s instruction set (the caller's).
-                unsafe {
-                    weighted::<V, COLS, WVECS>(acc_t, r0, x0, &alpha, st, values, s.dv, keys, ahead)
-                };
+                // SAFETY: under `V`'s instruction set and `ops`' (the caller's).
+                unsafe { ops.weighted::<COLS, WVECS>(acc_t, r0, x0, &alpha, st, kb, keys, ahead) };
                 x0 += COLS;
             }
             for x in x0..s.dv {
                 // SAFETY: as above.
-                unsafe {
-                    weighted::<V, 1, WVECS>(acc_t, r0, x, &alpha, st, values, s.dv, keys, &[])
-                };
+                unsafe { ops.weighted::<1, WVECS>(acc_t, r0, x, &alpha, st, kb, keys, &[]) };
             }
         }
     }
@@ -279,6 +348,188 @@ unsafe fn block_lanes<
     // SAFETY: under `V`'s instruction set (the caller's).
     unsafe { rows_from_lanes::<V>(acc_t, acc, s.dv, n_rows) };
     super::finish_rows(acc, s.dv, &max[..n_rows], &sum[..n_rows], lse);
+}
+
+/// The f32 operands: the block's queries transposed (`qt[x][r]`, rows past the block
+/// zero), the head's keys and values as rows.
+struct FloatLanes<'a> {
+    qt: Vec<Line>,
+    k: &'a [f32],
+    v: &'a [f32],
+    d: usize,
+    dv: usize,
+}
+
+impl<'a> FloatLanes<'a> {
+    /// The operands of a block of `n_rows` rows.
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set.
+    #[inline(always)]
+    unsafe fn new<V: Vector>(inputs: Floats<'a>, s: &Shape, n_rows: usize) -> Self {
+        FloatLanes {
+            // SAFETY: under `V`'s instruction set (the caller's).
+            qt: unsafe { transpose_queries::<V>(inputs.q, s.d, n_rows) },
+            k: inputs.k,
+            v: inputs.v,
+            d: s.d,
+            dv: s.dv,
+        }
+    }
+}
+
+impl<V: Vector> Operands<V> for FloatLanes<'_> {
+    fn score_steps(&self) -> usize {
+        self.d
+    }
+    fn weight_steps(&self) -> usize {
+        BLOCK_N
+    }
+    fn value_bytes(&self, kb: usize, keys: usize) -> &[u8] {
+        bytemuck::cast_slice(&self.v[kb * self.dv..(kb + keys) * self.dv])
+    }
+    fn key_bytes(&self, start: usize, end: usize) -> &[u8] {
+        bytemuck::cast_slice(&self.k[start * self.d..end * self.d])
+    }
+
+    #[inline(always)]
+    unsafe fn scores<const KEYS: usize, const VECS: usize>(
+        &self,
+        r0: usize,
+        keys: [usize; KEYS],
+        out: &mut [[f32; BLOCK_M]],
+        ahead: &[u8],
+    ) {
+        let (qt, d, k): (&[f32], _, _) = (bytemuck::cast_slice(&self.qt), self.d, self.k);
+        let key_at = keys.map(|c| c * d);
+        assert!(qt.len() >= d * BLOCK_M && out.len() >= KEYS && r0 + VECS * V::LANES <= BLOCK_M);
+        assert!(key_at.iter().all(|&at| at + d <= k.len()));
+        // SAFETY: every access is within the slices checked above.
+        unsafe {
+            let mut acc = [[V::splat(0.0); VECS]; KEYS];
+            let keys = key_at.map(|at| k.as_ptr().add(at));
+            for x in 0..d {
+                prefetch_line(ahead, x);
+                let column = qt.as_ptr().add(x * BLOCK_M + r0);
+                let mut qv = [V::splat(0.0); VECS];
+                for (j, slot) in qv.iter_mut().enumerate() {
+                    *slot = V::load(column.add(V::LANES * j));
+                }
+                for (key, row) in keys.iter().zip(acc.iter_mut()) {
+                    let kx = V::splat(*key.add(x));
+                    for j in 0..VECS {
+                        row[j] = V::fmadd(qv[j], kx, row[j]);
+                    }
+                }
+            }
+            for (c, row) in acc.iter().enumerate() {
+                for (j, &a) in row.iter().enumerate() {
+                    a.store(out[c].as_mut_ptr().add(r0 + V::LANES * j));
+                }
+            }
+        }
+    }
+
+    unsafe fn take_weights(&mut self, _: &[[f32; BLOCK_M]], _: usize) {}
+
+    #[inline(always)]
+    unsafe fn weighted<const COLS: usize, const VECS: usize>(
+        &self,
+        acc_t: &mut [f32],
+        r0: usize,
+        x0: usize,
+        alpha: &[f32; BLOCK_M],
+        pt: &[[f32; BLOCK_M]],
+        kb: usize,
+        keys: usize,
+        ahead: &[u8],
+    ) {
+        let (v, dv) = (&self.v[kb * self.dv..], self.dv);
+        assert!(acc_t.len() >= (x0 + COLS) * BLOCK_M && keys <= pt.len() && x0 + COLS <= dv);
+        assert!(r0 + VECS * V::LANES <= BLOCK_M);
+        assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + COLS);
+        // SAFETY: every access is within the slices checked above.
+        unsafe {
+            let mut acc = scaled_sums::<V, COLS, VECS>(acc_t, r0, x0, alpha);
+            for c in 0..keys {
+                prefetch_line(ahead, c);
+                let weights = pt.get_unchecked(c).as_ptr().add(r0);
+                let mut p = [V::splat(0.0); VECS];
+                for (j, slot) in p.iter_mut().enumerate() {
+                    *slot = V::load(weights.add(V::LANES * j));
+                }
+                let values = v.as_ptr().add(c * dv + x0);
+                for (w, row) in acc.iter_mut().enumerate() {
+                    let b = V::splat(*values.add(w));
+                    for j in 0..VECS {
+                        row[j] = V::fmadd(p[j], b, row[j]);
+                    }
+                }
+            }
+            store_sums::<V, COLS, VECS>(&acc, acc_t, r0, x0);
+        }
+    }
+}
+
+/// Line `step` of `ahead` asked for in L2 (nothing past its end).
+#[inline(always)]
+pub(super) fn prefetch_line(ahead: &[u8], step: usize) {
+    if 64 * step < ahead.len() {
+        // SAFETY: `prefetcht1` is SSE (x86-64's baseline) and does not fault; the address
+        // is inside `ahead` anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(64 * step).cast()) };
+    }
+}
+
+/// The weighted sums `acc_t[x][r]` of columns `x0..x0 + COLS`, `VECS` vectors of rows from
+/// `r0`, multiplied by the rows' factors `alpha`, in registers.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set; the tile lies inside `acc_t`.
+#[inline(always)]
+pub(super) unsafe fn scaled_sums<V: Vector, const COLS: usize, const VECS: usize>(
+    acc_t: &[f32],
+    r0: usize,
+    x0: usize,
+    alpha: &[f32; BLOCK_M],
+) -> [[V; VECS]; COLS] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut scale = [V::splat(0.0); VECS];
+        for (j, slot) in scale.iter_mut().enumerate() {
+            *slot = V::load(alpha.as_ptr().add(r0 + V::LANES * j));
+        }
+        let mut acc = [[V::splat(0.0); VECS]; COLS];
+        for (w, row) in acc.iter_mut().enumerate() {
+            let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M + r0);
+            for j in 0..VECS {
+                row[j] = V::mul(V::load(at.add(V::LANES * j)), scale[j]);
+            }
+        }
+        acc
+    }
+}
+
+/// Stores a tile of weighted sums back to `acc_t` (the tile [`scaled_sums`] loaded).
+///
+/// # Safety
+/// As for [`scaled_sums`].
+#[inline(always)]
+pub(super) unsafe fn store_sums<V: Vector, const COLS: usize, const VECS: usize>(
+    acc: &[[V; VECS]; COLS],
+    acc_t: &mut [f32],
+    r0: usize,
+    x0: usize,
+) {
+    for (w, row) in acc.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M + r0);
+            for (j, &a) in row.iter().enumerate() {
+                a.store(at.add(V::LANES * j));
+            }
+        }
+    }
 }
 
 /// The block's `n_rows` queries (`q`, rows of `d`) transposed to `qt[x][r]` with
@@ -327,121 +578,9 @@ unsafe fn rows_from_lanes<V: Vector>(acc_t: &[f32], acc: &mut [f32], dv: usize, 
 }
 
 /// Piece `index` of `all` in pieces of `len` (shorter or empty at the end).
-fn piece(all: &[f32], index: usize, len: usize) -> &[f32] {
+fn piece(all: &[u8], index: usize, len: usize) -> &[u8] {
     let start = (index * len).min(all.len());
     &all[start..(start + len).min(all.len())]
-}
-
-/// Scores of `KEYS` keys (rows of `k` starting at `key_at[c]`) against `VECS` vectors of
-/// the block's queries from row `r0`, held transposed (`qt[x][r]`): `out[c][r]`, in
-/// registers. Meanwhile asks for `ahead` in L2, a cache line per step.
-///
-/// # Safety
-/// The CPU has `V`'s instruction set.
-#[inline(always)]
-unsafe fn scores<V: Vector, const KEYS: usize, const VECS: usize>(
-    qt: &[f32],
-    r0: usize,
-    d: usize,
-    k: &[f32],
-    key_at: [usize; KEYS],
-    out: &mut [[f32; BLOCK_M]],
-    ahead: &[f32],
-) {
-    assert!(qt.len() >= d * BLOCK_M && out.len() >= KEYS && r0 + VECS * V::LANES <= BLOCK_M);
-    assert!(key_at.iter().all(|&at| at + d <= k.len()));
-    // SAFETY: every access is within the slices checked above.
-    unsafe {
-        let mut acc = [[V::splat(0.0); VECS]; KEYS];
-        let mut keys = [k.as_ptr(); KEYS];
-        for (key, &at) in keys.iter_mut().zip(&key_at) {
-            *key = k.as_ptr().add(at);
-        }
-        for x in 0..d {
-            if 16 * x < ahead.len() {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * x).cast());
-            }
-            let column = qt.as_ptr().add(x * BLOCK_M + r0);
-            let mut qv = [V::splat(0.0); VECS];
-            for (j, slot) in qv.iter_mut().enumerate() {
-                *slot = V::load(column.add(V::LANES * j));
-            }
-            for (key, row) in keys.iter().zip(acc.iter_mut()) {
-                let kx = V::splat(*key.add(x));
-                for j in 0..VECS {
-                    row[j] = V::fmadd(qv[j], kx, row[j]);
-                }
-            }
-        }
-        for (c, row) in acc.iter().enumerate() {
-            for (j, &a) in row.iter().enumerate() {
-                a.store(out[c].as_mut_ptr().add(r0 + V::LANES * j));
-            }
-        }
-    }
-}
-
-/// The weighted sums with the block's rows in lanes, for value columns
-/// `x0..x0 + COLS` and `VECS` vectors of rows from `r0`:
-/// `acc_t[x][r] = acc_t[x][r]·alpha[r] + Σ_c pt[c][r]·v[c][x]` over `keys` value rows
-/// (`dv` apart), in registers: the weights load as vectors, the values broadcast.
-/// Meanwhile asks for `ahead` in L2, a cache line per key.
-///
-/// # Safety
-/// The CPU has `V`'s instruction set.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weighted<V: Vector, const COLS: usize, const VECS: usize>(
-    acc_t: &mut [f32],
-    r0: usize,
-    x0: usize,
-    alpha: &[f32; BLOCK_M],
-    pt: &[[f32; BLOCK_M]],
-    v: &[f32],
-    dv: usize,
-    keys: usize,
-    ahead: &[f32],
-) {
-    assert!(acc_t.len() >= (x0 + COLS) * BLOCK_M && keys <= pt.len() && x0 + COLS <= dv);
-    assert!(r0 + VECS * V::LANES <= BLOCK_M);
-    assert!(keys == 0 || v.len() >= (keys - 1) * dv + x0 + COLS);
-    // SAFETY: every access is within the slices checked above.
-    unsafe {
-        let mut scale = [V::splat(0.0); VECS];
-        for (j, slot) in scale.iter_mut().enumerate() {
-            *slot = V::load(alpha.as_ptr().add(r0 + V::LANES * j));
-        }
-        let mut acc = [[V::splat(0.0); VECS]; COLS];
-        for (w, row) in acc.iter_mut().enumerate() {
-            let at = acc_t.as_ptr().add((x0 + w) * BLOCK_M + r0);
-            for j in 0..VECS {
-                row[j] = V::mul(V::load(at.add(V::LANES * j)), scale[j]);
-            }
-        }
-        for c in 0..keys {
-            if 16 * c < ahead.len() {
-                _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().add(16 * c).cast());
-            }
-            let weights = pt.get_unchecked(c).as_ptr().add(r0);
-            let mut p = [V::splat(0.0); VECS];
-            for (j, slot) in p.iter_mut().enumerate() {
-                *slot = V::load(weights.add(V::LANES * j));
-            }
-            let values = v.as_ptr().add(c * dv + x0);
-            for (w, row) in acc.iter_mut().enumerate() {
-                let b = V::splat(*values.add(w));
-                for j in 0..VECS {
-                    row[j] = V::fmadd(p[j], b, row[j]);
-                }
-            }
-        }
-        for (w, row) in acc.iter().enumerate() {
-            let at = acc_t.as_mut_ptr().add((x0 + w) * BLOCK_M + r0);
-            for (j, &a) in row.iter().enumerate() {
-                a.store(at.add(V::LANES * j));
-            }
-        }
-    }
 }
 
 /// Which rows a softmax vector holds, and what hides keys from them.

@@ -1,9 +1,10 @@
 //! The CPU attention kernels: one query block against all its keys with a tiled online
 //! softmax (never an Lq x Lk buffer). `lanes.rs` holds the AVX-512 and AVX2 kernels (one
-//! generic body over a small vector vocabulary), `decode.rs` the decoding kernel (a few
+//! generic body over a small vector vocabulary), `pairs.rs` that body's products on
+//! AVX512-BF16 dot products for bf16 inputs, `decode.rs` the decoding kernel (a few
 //! query rows per key/value head group, K and V read once per group), `portable.rs` the
 //! build's own vector width, `f64.rs` the row-by-row f64 path;
-//! [`run_block`] picks one by the CPU capability in force. The op around them (threads,
+//! [`block_in_force`] and [`bf16_block_in_force`] pick them by the CPU capability in force. The op around them (threads,
 //! inputs, masks, dropout) is [`crate::ops::sdpa`].
 
 #[cfg(target_arch = "x86_64")]
@@ -11,6 +12,8 @@ pub(crate) mod decode;
 pub(crate) mod f64;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod pairs;
 pub(crate) mod portable;
 
 use crate::Tensor;
@@ -189,22 +192,87 @@ pub(crate) fn key_span(
     (start, band.keys(rows.end - 1, lk).end.max(start))
 }
 
-/// The arguments of one fused block.
-pub(crate) struct BlockArgs<'a> {
-    /// The block's queries (the rows of `rows`), already multiplied by the scale.
-    pub(crate) q: &'a [f32],
-    /// The head's keys, `[Lk, d]`, for the kernel that reads them as rows (else empty).
-    pub(crate) k: &'a [f32],
-    pub(crate) v: &'a [f32],
+/// The arguments of one fused block, with its inputs as `I` holds them ([`Floats`], or
+/// [`BfPairs`] for the AVX512-BF16 block).
+pub(crate) struct BlockArgs<'a, I = Floats<'a>> {
+    pub(crate) inputs: I,
     pub(crate) rows: std::ops::Range<usize>,
     pub(crate) s: &'a Shape,
     pub(crate) band: Option<Band>,
     pub(crate) bias: Option<MaskView<'a>>,
     pub(crate) out: &'a mut [f32],
     pub(crate) lse: &'a mut [f32],
+}
+
+impl<'a, I> BlockArgs<'a, I> {
+    /// The inputs, and the rest of the arguments.
+    pub(crate) fn split(self) -> (I, BlockArgs<'a, ()>) {
+        let BlockArgs {
+            inputs,
+            rows,
+            s,
+            band,
+            bias,
+            out,
+            lse,
+        } = self;
+        let rest = BlockArgs {
+            inputs: (),
+            rows,
+            s,
+            band,
+            bias,
+            out,
+            lse,
+        };
+        (inputs, rest)
+    }
+}
+
+/// A block's inputs as f32 values.
+pub(crate) struct Floats<'a> {
+    /// The block's queries (the rows of `rows`), already multiplied by the scale.
+    pub(crate) q: &'a [f32],
+    /// The head's keys, `[Lk, d]`, for the kernel that reads them as rows (else empty).
+    pub(crate) k: &'a [f32],
+    pub(crate) v: &'a [f32],
     /// The head's keys, transposed block by block (see [`transpose_keys`]), for the kernels
     /// that read them so (else empty).
     pub(crate) kt: &'a [f32],
+}
+
+/// A block's bf16 inputs as the AVX512-BF16 block reads them (`d` even).
+pub(crate) struct BfPairs<'a> {
+    /// The block's queries (the rows of `rows`), `[rows, d]`, not scaled.
+    pub(crate) q: &'a [half::bf16],
+    /// The head's keys, `[Lk, d]`.
+    pub(crate) k: &'a [half::bf16],
+    /// The head's values as pairs of keys (see [`pair_values`]).
+    pub(crate) v_pairs: &'a [u32],
+    /// The factor of the scores.
+    pub(crate) scale: f32,
+}
+
+/// Values `[lk, dv]` of one head (`v`, rows of `dv`) into `out` (`⌈lk / 2⌉·dv` words) as
+/// pairs of keys: word `(c / 2)·dv + x` holds column x of key c in its low half and of key
+/// c + 1 in its high half (zero past the last key), as a dot product over keys reads them.
+pub(crate) fn pair_values(v: &[half::bf16], lk: usize, dv: usize, out: &mut [u32]) {
+    if dv == 0 {
+        return;
+    }
+    for (words, keys) in out.chunks_exact_mut(dv).zip(v[..lk * dv].chunks(2 * dv)) {
+        let (low, high) = keys.split_at(dv);
+        match high.len() {
+            0 => words
+                .iter_mut()
+                .zip(low)
+                .for_each(|(w, l)| *w = u32::from(l.to_bits())),
+            _ => words
+                .iter_mut()
+                .zip(low.iter().zip(high))
+                .for_each(|(w, (l, h))| *w = u32::from(l.to_bits()) | u32::from(h.to_bits()) << 16),
+        }
+    }
 }
 
 /// Keys `[L, d]` of one head into `kt` (zeroed, `⌈L / BLOCK_N⌉·d·BLOCK_N` long) as blocks
@@ -278,6 +346,23 @@ pub(crate) fn block_in_force() -> (fn(BlockArgs), bool) {
         portable::fused_block_body::<{ crate::runtime::cpu::BASELINE_FMA }>,
         false,
     )
+}
+
+/// The fused block on AVX512-BF16 dot products for bf16 inputs, where the CPU runs them
+/// faster than f32 FMAs ([`crate::runtime::cpu::bf16_dots_pay`]); else none, and bf16
+/// inputs are widened to f32 for [`block_in_force`]. Chosen once per process, in
+/// [`crate::kernels::dispatch`].
+pub(crate) fn bf16_block_in_force() -> Option<fn(BlockArgs<BfPairs>)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::runtime::cpu::Avx512Bf16Token;
+        if crate::runtime::cpu::bf16_dots_pay() {
+            return Some(|a| {
+                lanes::block_avx512_bf16(Avx512Bf16Token::get().expect("a fixed capability"), a)
+            });
+        }
+    }
+    None
 }
 
 /// Divides each accumulated row by its softmax sum and writes its log-sum-exp (a row that

@@ -1,7 +1,7 @@
 //! The fused attention block in portable code: the build's vector width, each key block
 //! transposed once so that scores and weighted sums are plain loops the compiler vectorises.
 
-use super::{BLOCK_M, BLOCK_N, BlockArgs, MaskView, finish_rows, key_block, key_span};
+use super::{BLOCK_M, BLOCK_N, BlockArgs, Floats, MaskView, finish_rows, key_block, key_span};
 use crate::runtime::cpu::mul_add;
 
 /// e^x for the fused path: 2^(x·log2 e) split into 2^n · 2^f, with [`EXP2_POLY`] for 2^f
@@ -150,16 +150,13 @@ pub(crate) fn online_softmax(
 #[inline(always)]
 pub(crate) fn fused_block_body<const FUSED: bool>(a: BlockArgs) {
     let BlockArgs {
-        q,
-        v,
+        inputs: Floats { q, v, kt, .. },
         rows,
         s,
         band,
         bias,
         out,
         lse,
-        kt,
-        ..
     } = a;
     let n_rows = rows.len();
     let mut row_max = [f32::NEG_INFINITY; BLOCK_M];

@@ -140,9 +140,7 @@ impl Micro {
 /// Chosen once per process, in [`crate::kernels::dispatch`].
 pub(crate) fn micro_for_bf16_in_force() -> Micro {
     #[cfg(target_arch = "x86_64")]
-    if crate::runtime::cpu::get_cpu_capability() == CpuCapability::Avx512
-        && crate::runtime::cpu::bf16_dot_speedup().is_some_and(|speedup| speedup > 1.5)
-    {
+    if crate::runtime::cpu::bf16_dots_pay() {
         return micro::x86::AVX512_BF16;
     }
     micro_in_force()

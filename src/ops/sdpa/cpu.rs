@@ -8,7 +8,8 @@ use super::{Job, OP_CPU, Sequences, host_f64};
 use crate::core::tensor::{HostValues, Tensor, host_zeros};
 use crate::kernels::attention::f64::{RowKeys, attend_row_f64};
 use crate::kernels::attention::{
-    BLOCK_M, BLOCK_N, BlockArgs, Line, MaskView, Shape, key_span, transpose_keys,
+    BLOCK_M, BLOCK_N, BfPairs, BlockArgs, Floats, Line, MaskView, Shape, key_span, pair_values,
+    transpose_keys,
 };
 use crate::kernels::convert::narrow;
 use crate::{DType, Device, Error, Result};
@@ -194,6 +195,10 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
     let (qv, kv, vv, mask) = (&qv, &kv, &vv, &mask);
     type Chunk<'o> = (Vec<(usize, &'o mut [f32], &'o mut [f32])>, Vec<f32>);
     let band = job.band(0);
+    let pairs = match (bf16_block(job), qv, kv, vv) {
+        (Some(block), Input::Bf16(q), Input::Bf16(k), Input::Bf16(v)) => Some((block, q, k, v)),
+        _ => None,
+    };
     let work = |(chunk, mut q_block): Chunk| {
         // The keys and values of the head in hand as f32 where the input is 16-bit, the keys
         // transposed where the kernel reads them so (threads take runs of items of one head).
@@ -205,6 +210,38 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             let (b, h) = (bh / s.h, bh % s.h);
             let hk = s.kv_head(h);
             let rows = blk * BLOCK_M..(blk * BLOCK_M + BLOCK_M).min(s.lq);
+            let kvh = b * s.hk + hk;
+            let key_range = kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d;
+            let value_range = kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv;
+            let mask = mask.as_ref().map(|m| m.of_head(b, h));
+            if let Some((block, q_all, k_all, v_all)) = pairs {
+                // The head's values paired by keys, once per head.
+                let words = s.lk.div_ceil(2) * s.dv;
+                let v_pairs = v_head.get_or_fill(kvh, words, |out| {
+                    pair_values(
+                        &v_all[value_range],
+                        s.lk,
+                        s.dv,
+                        bytemuck::cast_slice_mut(out),
+                    )
+                });
+                let q_range = (bh * s.lq + rows.start) * s.d..(bh * s.lq + rows.end) * s.d;
+                block(BlockArgs {
+                    inputs: BfPairs {
+                        q: &q_all[q_range],
+                        k: &k_all[key_range],
+                        v_pairs: bytemuck::cast_slice(v_pairs),
+                        scale,
+                    },
+                    rows,
+                    s,
+                    band,
+                    bias: mask,
+                    out: o_here,
+                    lse: l_here,
+                });
+                continue;
+            }
             // The block's queries, scaled once here (the same f32 product the scores would
             // form each time).
             let q_rows = qv.f32s(
@@ -215,8 +252,6 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
             for (x, &y) in q.iter_mut().zip(q_rows) {
                 *x = y * scale;
             }
-            let kvh = b * s.hk + hk;
-            let key_range = kvh * s.lk * s.d..(kvh + 1) * s.lk * s.d;
             let (k, kt) = if key_rows {
                 (k_head.f32s(kv, kvh, key_range), &[][..])
             } else {
@@ -226,19 +261,15 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
                 });
                 (&[][..], kt)
             };
-            let v = v_head.f32s(vv, kvh, kvh * s.lk * s.dv..(kvh + 1) * s.lk * s.dv);
-            let mask = mask.as_ref().map(|m| m.of_head(b, h));
+            let v = v_head.f32s(vv, kvh, value_range);
             (kernels.attention_block)(BlockArgs {
-                q,
-                k,
-                v,
+                inputs: Floats { q, k, v, kt },
                 rows,
                 s,
                 band,
                 bias: mask,
                 out: o_here,
                 lse: l_here,
-                kt,
             });
         }
     };
@@ -260,6 +291,17 @@ pub(super) fn cpu_fused(job: &Job) -> Result<(Tensor, Tensor)> {
         .collect::<Result<_>>()?;
     crate::runtime::threads::for_each(chunks, &work);
     finish(q.dtype(), out, lse, &[s.b, s.h, s.lq], out_shape)
+}
+
+/// The fused block on bf16 dot products, where the call's q, k and v are bf16 with an even
+/// head dim and this CPU's dot products pay ([`crate::runtime::cpu::bf16_dots_pay`]).
+pub(super) fn bf16_block(job: &Job) -> Option<fn(BlockArgs<BfPairs>)> {
+    let bf16 = [job.query, job.key, job.value]
+        .iter()
+        .all(|t| t.dtype() == DType::Bf16);
+    let d = job.shape.d;
+    let block = crate::kernels::dispatch::cpu_kernels().attention_block_bf16;
+    block.filter(|_| bf16 && d > 0 && d.is_multiple_of(2))
 }
 
 /// The floats of one thread's block of scaled queries (`BLOCK_M` rows of `d`).
@@ -347,21 +389,65 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
     }
     let kernels = crate::kernels::dispatch::cpu_kernels();
     let key_rows = kernels.attention_reads_key_rows;
+    let pairs = match (bf16_block(job), &qv, &kv, &vv) {
+        (Some(block), Input::Bf16(q), Input::Bf16(k), Input::Bf16(v)) => Some((block, q, k, v)),
+        _ => None,
+    };
     let work = |(chunk, mut q_block): (Vec<Item>, Vec<f32>)| {
         let (mut k_head, mut v_head) = (HeadCache::default(), HeadCache::default());
         let mut wide = Vec::new();
+        let (mut q16, mut v16) = (Vec::new(), Vec::new());
         for (b, h, rows, o, l) in chunk {
             let hk = s.kv_head(h);
             let (lq, lk) = job.lengths(b);
             let shape = Shape { lq, lk, ..*s };
             let q_rows = job.q_rows(b, h);
+            let head = b * s.hk + hk;
+            if let Some((block, q_all, k_all, v_all)) = pairs {
+                // The block's queries and the head's keys gathered as they are, the values
+                // gathered and paired by keys.
+                q16.clear();
+                for i in rows.clone() {
+                    let at = q_rows.at(i);
+                    q16.extend_from_slice(&q_all[at..at + s.d]);
+                }
+                let gather = |all: &[bf16], width: usize, out: &mut [bf16]| {
+                    let rows = job.kv_rows(b, hk, width);
+                    for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
+                        let at = rows.at(j);
+                        row.copy_from_slice(&all[at..at + width]);
+                    }
+                };
+                let k = k_head.get_or_fill(head, lk * s.d / 2, |out| {
+                    gather(k_all, s.d, bytemuck::cast_slice_mut(out))
+                });
+                let v_pairs = v_head.get_or_fill(head, lk.div_ceil(2) * s.dv, |out| {
+                    v16.resize(lk * s.dv, bf16::ZERO);
+                    gather(v_all, s.dv, &mut v16);
+                    pair_values(&v16, lk, s.dv, bytemuck::cast_slice_mut(out));
+                });
+                block(BlockArgs {
+                    inputs: BfPairs {
+                        q: &q16,
+                        k: bytemuck::cast_slice(k),
+                        v_pairs: bytemuck::cast_slice(v_pairs),
+                        scale,
+                    },
+                    rows,
+                    s: &shape,
+                    band: job.band(b),
+                    bias: None,
+                    out: o,
+                    lse: l,
+                });
+                continue;
+            }
             let q = &mut q_block[..rows.len() * s.d];
             for (i, query) in rows.clone().zip(q.chunks_exact_mut(s.d.max(1))) {
                 let at = q_rows.at(i);
                 qv.copy_into(at..at + s.d, query);
                 query.iter_mut().for_each(|x| *x *= scale);
             }
-            let head = b * s.hk + hk;
             let gather = |input: &Input, width: usize, out: &mut [f32]| {
                 let rows = job.kv_rows(b, hk, width);
                 for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
@@ -385,16 +471,13 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
             };
             let v = v_head.get_or_fill(head, lk * s.dv, |out| gather(&vv, s.dv, out));
             (kernels.attention_block)(BlockArgs {
-                q,
-                k,
-                v,
+                inputs: Floats { q, k, v, kt },
                 rows,
                 s: &shape,
                 band: job.band(b),
                 bias: None,
                 out: o,
                 lse: l,
-                kt,
             });
         }
     };
@@ -455,7 +538,12 @@ pub(super) fn sequences_kernel(job: &Job) -> String {
             ),
         };
     }
-    "fused online softmax over each sequence's gathered heads".to_string()
+    let products = if bf16_block(job).is_some() {
+        ", bf16 dot products (f32 sums)"
+    } else {
+        ""
+    };
+    format!("fused online softmax over each sequence's gathered heads{products}")
 }
 
 /// The f32 outputs as a tensor of `dtype`, and the log-sum-exp.

@@ -326,6 +326,9 @@ pub fn sdpa(
                     "decoding kernel, K/V read once per head group, keys split into {runs} \
                      runs combined by their log-sum-exps"
                 ),
+                (false, _) if cpu::bf16_block(&job).is_some() => {
+                    "fused online softmax, bf16 dot products (f32 sums)".to_string()
+                }
                 (false, _) => "fused online softmax".to_string(),
             };
             #[cfg(not(target_arch = "x86_64"))]
