@@ -1,11 +1,11 @@
 //! Runs `backends::linalg` on matrices given as JSON, one call per line of stdin, and prints
 //! each call's outputs (or its error) as one JSON line: the Rust side of
-//! `scripts/linalg-vs-torch.py`, which checks the results against PyTorch's on the same
+//! `scripts/linalg-vs-torch.sh`, which checks the results against PyTorch's on the same
 //! inputs.
 //!
 //! A line: `{"op": "qr", "a": {"shape": [2, 5, 3], "data": [...]}, "b": {...},
-//! "upper": false, "mode": "reduced", "full_matrices": true}` (`b` for the solves, the flags
-//! where the op takes them); f64 throughout. The answer: `{"outputs": [{"shape": [...],
+//! "upper": false, "mode": "reduced", "full_matrices": true, "left": true, "adjoint": false}`
+//! (`b` for the solves, the flags where the op takes them); f64 throughout. The answer: `{"outputs": [{"shape": [...],
 //! "data": [...]}, ...]}` in PyTorch's order, or `{"error": "..."}`.
 
 use std::io::{BufRead, Write};
@@ -45,6 +45,8 @@ fn call(line: &Value) -> Result<Vec<Tensor>> {
         "lu_solve" => vec![linalg::lu_solve(
             &linalg::lu_factor(&a)?,
             &tensor(&line["b"])?,
+            line["left"].as_bool().unwrap_or(true),
+            line["adjoint"].as_bool().unwrap_or(false),
         )?],
         "qr" => {
             let mode = match line["mode"].as_str() {

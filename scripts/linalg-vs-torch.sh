@@ -80,6 +80,12 @@ for name, a in (("square", square), ("tall", tall), ("wide", wide)):
 rhs = torch.randn(1, 6, 3, dtype=torch.float64)
 check("lu_solve (B broadcast)", close(call("lu_solve", square[0], rhs)[0],
                                       torch.linalg.lu_solve(*torch.linalg.lu_factor(square[0]), rhs)))
+for left in (True, False):
+    for adjoint in (False, True):
+        b = rhs if left else rhs.mT
+        check(f"lu_solve left={left} adjoint={adjoint}",
+              close(call("lu_solve", square[0], b, left=left, adjoint=adjoint)[0],
+                    torch.linalg.lu_solve(*torch.linalg.lu_factor(square[0]), b, left=left, adjoint=adjoint)))
 for name, a in (("square", square), ("tall", tall), ("wide", wide)):
     for mode in ("reduced", "complete", "r"):
         q, r = call("qr", a, mode=mode)

@@ -124,14 +124,22 @@ fn bad_inputs_are_typed_errors() {
     let b = tensor(&random(n), &[n, 1], DType::F64);
     factors.pivots = Tensor::from_vec(vec![1i32, 9, 3], &[n], Device::Cpu).unwrap();
     assert!(matches!(
-        linalg::lu_solve(&factors, &b),
+        linalg::lu_solve(&factors, &b, true, false),
         Err(Error::InvalidArgument { .. })
     ));
     factors.pivots = tensor(&[1.0, 2.0, 3.0], &[n], DType::F64);
     assert!(matches!(
-        linalg::lu_solve(&factors, &b),
+        linalg::lu_solve(&factors, &b, true, false),
         Err(Error::ShapeMismatch { .. })
     ));
+    // B [n, 1] against X A = B, which takes [k, n].
+    let factors = linalg::lu_factor(&tensor(&well_conditioned(1, n), &[n, n], DType::F64)).unwrap();
+    let err = linalg::lu_solve(&factors, &b, false, false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("B has 1 columns but A is 3 x 3: with left = false B must be [*, k, 3]"),
+        "{err}"
+    );
     // Batch dimensions that do not broadcast; mixed dtypes.
     let l = tensor(&eye(2, 2), &[2, 2, 2], DType::F64);
     let b = tensor(&random(12), &[3, 2, 2], DType::F64);
@@ -222,7 +230,7 @@ fn large_matrices_alone_and_in_a_batch() {
     let a = well_conditioned(1, n);
     let factors = linalg::lu_factor(&tensor(&a, &[n, n], DType::F64)).unwrap();
     let b = random(n * 2);
-    let x = linalg::lu_solve(&factors, &tensor(&b, &[n, 2], DType::F64)).unwrap();
+    let x = linalg::lu_solve(&factors, &tensor(&b, &[n, 2], DType::F64), true, false).unwrap();
     let err = common::rel_err(&common::reference(&a, &x.to_f64().unwrap(), n, 2, n), &b);
     assert!(err < 1e-12, "lu_factor {n}: {err:e}");
 }

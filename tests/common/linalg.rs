@@ -270,17 +270,40 @@ pub fn lu_factor_pivots_and_lu_solve_match_the_input(device: Device) {
         let a = well_conditioned(2, n);
         let factors = linalg::lu_factor(&tensor(device, &a, &[2, n, n], dtype)).unwrap();
         let b = random(n * 3);
-        let x = linalg::lu_solve(&factors, &tensor(device, &b, &[1, n, 3], dtype)).unwrap();
-        assert_eq!(x.shape(), [2, n, 3]);
         let b2: Vec<f64> = b.iter().chain(&b).copied().collect();
-        let err = rel_err(&bmm(&a, &x.to_f64().unwrap(), 2, (n, n, 3)), &b2);
-        assert!(err < bound(dtype), "{dtype} lu_solve: {err:e}");
+        let at = bt(&a, 2, n, n);
+        // A X = B, Aᵀ X = B (B [1, n, 3]); X A = B, X Aᵀ = B (B [1, 3, n]).
+        for (left, adjoint) in [(true, false), (true, true), (false, false), (false, true)] {
+            let shape = if left { [1, n, 3] } else { [1, 3, n] };
+            let x = linalg::lu_solve(&factors, &tensor(device, &b, &shape, dtype), left, adjoint);
+            let x = x.unwrap().to_f64().unwrap();
+            let a = if adjoint { &at } else { &a };
+            let product = if left {
+                bmm(a, &x, 2, (n, n, 3))
+            } else {
+                bmm(&x, a, 2, (3, n, n))
+            };
+            let err = rel_err(&product, &b2);
+            assert!(
+                err < bound(dtype),
+                "{dtype} lu_solve left={left} adjoint={adjoint}: {err:e}"
+            );
+        }
+        let x = linalg::lu_solve(
+            &factors,
+            &tensor(device, &b, &[1, n, 3], dtype),
+            true,
+            false,
+        );
+        let x = x.unwrap();
+        assert_eq!(x.shape(), [2, n, 3]);
         // The same factors made row-major solve alike.
         let row_major = LuFactor {
             lu: factors.lu.contiguous().unwrap(),
             pivots: factors.pivots.clone(),
         };
-        let again = linalg::lu_solve(&row_major, &tensor(device, &b, &[1, n, 3], dtype)).unwrap();
+        let b = tensor(device, &b, &[1, n, 3], dtype);
+        let again = linalg::lu_solve(&row_major, &b, true, false).unwrap();
         let err = rel_err(&again.to_f64().unwrap(), &x.to_f64().unwrap());
         assert!(
             err < bound(dtype),

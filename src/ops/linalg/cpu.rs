@@ -322,34 +322,50 @@ pub(crate) fn lu<T: Real>(a: &[T], (m, n): (usize, usize), [p, l, u]: [&mut [T];
     store(lu.U(), u);
 }
 
-/// Solves `A X = B` (`B` is `n × k`) from `lu_factor`'s packed factors (column-major with
-/// `column_major`, else row-major) and pivots.
+/// Solves `A X = B`, or `Aᵀ X = B` with `adjoint` (`B` is `n × k`), from `lu_factor`'s
+/// packed factors (column-major with `column_major`, else row-major) and pivots: with
+/// `P A = L U`, `X = U⁻¹ L⁻¹ P B`, or `X = Pᵀ L⁻ᵀ U⁻ᵀ B` (LAPACK's `getrs`).
 pub(crate) fn lu_solve<T: Real>(
     (packed, column_major): (&[T], bool),
-    pivots: &[i32],
+    (pivots, adjoint): (&[i32], bool),
     b: &[T],
     (n, k): (usize, usize),
     out: &mut [T],
 ) {
     let mut x = MatRef::from_row_major_slice(b, n, k).to_owned();
-    for (i, &pivot) in pivots.iter().enumerate() {
-        let j = usize::try_from(pivot - 1).unwrap_or(i);
-        if j != i && j < n {
-            for c in 0..k {
-                let (xi, xj) = (x[(i, c)], x[(j, c)]);
-                x[(i, c)] = xj;
-                x[(j, c)] = xi;
-            }
-        }
-    }
     let lu = if column_major {
         MatRef::from_column_major_slice(packed, n, n)
     } else {
         MatRef::from_row_major_slice(packed, n, n)
     };
-    lu.solve_unit_lower_triangular_in_place(x.as_mut());
-    lu.solve_upper_triangular_in_place(x.as_mut());
+    if adjoint {
+        // Uᵀ is lower triangular, Lᵀ unit upper; Pᵀ undoes the swaps in reverse.
+        lu.transpose().solve_lower_triangular_in_place(x.as_mut());
+        lu.transpose()
+            .solve_unit_upper_triangular_in_place(x.as_mut());
+        for (i, &pivot) in pivots.iter().enumerate().rev() {
+            swap_rows(x.as_mut(), i, pivot);
+        }
+    } else {
+        for (i, &pivot) in pivots.iter().enumerate() {
+            swap_rows(x.as_mut(), i, pivot);
+        }
+        lu.solve_unit_lower_triangular_in_place(x.as_mut());
+        lu.solve_upper_triangular_in_place(x.as_mut());
+    }
     store(x.as_ref(), out);
+}
+
+/// Swaps row `i` of `x` with row `pivot` (from 1, LAPACK's), where that is another row.
+fn swap_rows<T: Real>(mut x: MatMut<'_, T>, i: usize, pivot: i32) {
+    let j = usize::try_from(pivot - 1).unwrap_or(i);
+    if j != i && j < x.nrows() {
+        for c in 0..x.ncols() {
+            let (xi, xj) = (x[(i, c)], x[(j, c)]);
+            x[(i, c)] = xj;
+            x[(j, c)] = xi;
+        }
+    }
 }
 
 /// `A = Q R` of `a` (`m × n`): `Q` is `m × m` with `complete`, else `m × k`; `R` is `m × n`

@@ -582,9 +582,26 @@ pub fn lu(a: &Tensor) -> Result<Lu> {
     })
 }
 
-/// `torch.linalg.lu_solve(LU, pivots, B)`: `X` with `A X = B` from `lu_factor`'s result;
-/// `B` is `[*, n, k]`, batch dimensions broadcast.
-pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
+/// `torch.linalg.lu_solve(LU, pivots, B, left=, adjoint=)`: from `lu_factor`'s result, `X`
+/// with `A X = B` (`left`; `B` is `[*, n, k]`) or `X A = B` (not `left`; `B` is
+/// `[*, k, n]`), `A` replaced by `Aᵀ` with `adjoint` (the adjoint of a real matrix); batch
+/// dimensions broadcast.
+pub fn lu_solve(factors: &LuFactor, b: &Tensor, left: bool, adjoint: bool) -> Result<Tensor> {
+    const OP: &str = "linalg.lu_solve";
+    if left {
+        return solve_left(factors, b, adjoint, true);
+    }
+    // X A = B is Aᵀ Xᵀ = Bᵀ (X Aᵀ = B is A Xᵀ = Bᵀ): solved so, the result transposed back
+    // (row-major, as PyTorch returns it).
+    Batch::of(OP, b)?;
+    let rank = b.shape().len();
+    let xt = solve_left(factors, &b.transpose(rank - 2, rank - 1)?, !adjoint, false)?;
+    xt.transpose(rank - 2, rank - 1)?.contiguous()
+}
+
+/// `A X = B` (`Aᵀ X = B` with `adjoint`) for [`lu_solve`], whose `B` is this `B` (`left`)
+/// or its transpose (for the messages).
+fn solve_left(factors: &LuFactor, b: &Tensor, adjoint: bool, left: bool) -> Result<Tensor> {
     const OP: &str = "linalg.lu_solve";
     let fb = Batch::square(OP, &factors.lu)?;
     let bb = Batch::of(OP, b)?;
@@ -611,10 +628,17 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
     if bb.rows != n {
         return Err(Error::ShapeMismatch {
             op: OP,
-            detail: format!(
-                "B has {} rows but A is {n} x {n}: B must be [*, {n}, k]",
-                bb.rows
-            ),
+            detail: if left {
+                format!(
+                    "B has {} rows but A is {n} x {n}: B must be [*, {n}, k]",
+                    bb.rows
+                )
+            } else {
+                format!(
+                    "B has {} columns but A is {n} x {n}: with left = false B must be [*, k, {n}]",
+                    bb.rows
+                )
+            },
         });
     }
     let k = bb.cols;
@@ -622,7 +646,8 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if b.device() != Device::Cpu {
         return traced(OP, b.dtype(), &[&factors.lu, b], || {
-            cusolver::lu_solve(OP, &factors.lu, &pivots, b, (&dims, &pairs), (n, k))
+            let shapes = (&dims[..], &pairs[..]);
+            cusolver::lu_solve(OP, &factors.lu, (&pivots, adjoint), b, shapes, (n, k))
         });
     }
     traced(OP, b.dtype(), &[&factors.lu, b], || {
@@ -641,7 +666,7 @@ pub fn lu_solve(factors: &LuFactor, b: &Tensor) -> Result<Tensor> {
                 let [ib, ia] = pairs[item.index];
                 cpu::lu_solve(
                     (&packed[ia * n * n..][..n * n], column_major),
-                    &pivots[ia * n..][..n],
+                    (&pivots[ia * n..][..n], adjoint),
                     &rhs[ib * n * k..][..n * k],
                     (n, k),
                     item.outs[0],

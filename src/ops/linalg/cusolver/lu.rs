@@ -32,7 +32,7 @@ pub(in crate::ops::linalg) fn inv(
                 let at = i as u64 * step;
                 // SAFETY: matrix `i` of the factors and of the identity (n x n), the pivots
                 // `getrf` wrote for it and its info slot are live on the device.
-                unsafe { getrs::<T>(call, (n, n), lu + at, pivots, x + at, call.info(i, 1)) }
+                unsafe { getrs::<T>(call, (n, n, false), lu + at, pivots, x + at, call.info(i, 1)) }
             })?;
             call.check(op, 0, |diagonal| Some(LinAlgFailure::Singular { diagonal }))
         })?;
@@ -111,7 +111,7 @@ fn lu_in_place<T: Real>(
 /// The four addresses are device memory of those sizes, live until the stream runs the call.
 unsafe fn getrs<T: Real>(
     call: &Call,
-    (n, k): (usize, usize),
+    (n, k, adjoint): (usize, usize, bool),
     lu: u64,
     pivots: *const i64,
     rhs: u64,
@@ -122,7 +122,11 @@ unsafe fn getrs<T: Real>(
         sol::cusolverDnXgetrs(
             call.solver.handle,
             call.solver.params,
-            sol::cublasOperation_t::CUBLAS_OP_N,
+            if adjoint {
+                sol::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                sol::cublasOperation_t::CUBLAS_OP_N
+            },
             n as i64,
             k as i64,
             T::DATA,
@@ -208,11 +212,12 @@ pub(in crate::ops::linalg) fn lu(
 }
 
 /// `lu_solve` of `b` (broadcast along `pairs`) against the packed factors (`[.., n, n]`, any
-/// layout; lu_factor's column-major ones are read as they are) and their (checked) pivots.
+/// layout; lu_factor's column-major ones are read as they are) and their (checked) pivots,
+/// or against their transpose with `adjoint`.
 pub(in crate::ops::linalg) fn lu_solve(
     op: &'static str,
     packed: &Tensor,
-    pivots: &[i32],
+    (pivots, adjoint): (&[i32], bool),
     b: &Tensor,
     (dims, pairs): (&[usize], &[[usize; 2]]),
     (n, k): (usize, usize),
@@ -244,7 +249,7 @@ pub(in crate::ops::linalg) fn lu_solve(
                     unsafe {
                         getrs::<T>(
                             call,
-                            (n, k),
+                            (n, k, adjoint),
                             lu + (ia * n * n) as u64 * size,
                             (ipiv + (8 * ia * n) as u64) as *const i64,
                             rhs + (i * n * k) as u64 * size,
