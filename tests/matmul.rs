@@ -239,8 +239,9 @@ fn medium_precision_rounds_to_bf16_where_the_cpu_has_it() {
     }
 }
 
-/// Few rows of A (up to 8: a decoding step's `x @ W`; up to 32 against an f32 `W.t()`): B
-/// read in place, row-major or as the transposed view of a `[N, K]` weight, f32 and bf16,
+/// Few rows of A (a decoding step's `x @ W`: up to 32 of f32 or of bf16 on bf16 dot
+/// products, 8 of bf16 widened): B read in place, row-major (in register tiles) or as the
+/// transposed view of a `[N, K]` weight, f32 and bf16,
 /// against the reference, bit-identical on 1, 2 and 3 threads, and named in the trace.
 #[test]
 fn few_rows_against_a_plain_or_transposed_weight() {
@@ -255,10 +256,13 @@ fn few_rows_against_a_plain_or_transposed_weight() {
         (7, 300, 50),
         (8, 1000, 333),
         (2, 2000, 2100),
-        // Up to 32 rows against an f32 weight used as W.t() or any bf16 B with bf16 dot
-        // products; the packed path otherwise.
+        // Up to 32 rows of f32 values or bf16 ones on bf16 dot products; the packed path
+        // otherwise. Register tiles of 8 (4 with AVX2) rows over blocks of 256 rows of B,
+        // the last block partial; columns past the last panel, and a B narrower than one.
         (13, 517, 70),
         (32, 300, 200),
+        (32, 1000, 700),
+        (9, 47, 40),
         // Groups of 8 rows over several blocks of K, an odd K and a masked last tile.
         (20, 130, 301),
     ] {
@@ -291,14 +295,12 @@ fn few_rows_against_a_plain_or_transposed_weight() {
                     backends::cpu::get_cpu_capability(),
                     backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
                 ) {
-                    // bf16 takes up to 32 rows in either layout where it runs as dot
-                    // products (as the packed GEMM's kernel choice: AVX-512 and faster).
+                    // bf16 takes up to 32 rows where it runs as dot products (as the packed
+                    // GEMM's kernel choice: AVX-512 and faster), as f32 does.
                     let bf16_dots = backends::cpu::get_cpu_capability()
                         == backends::cpu::CpuCapability::Avx512
                         && backends::cpu::bf16_dot_speedup().is_some_and(|s| s > 1.5);
-                    let skinny = m <= 8
-                        || (dtype == DType::F32 && name == "transposed")
-                        || (dtype == DType::Bf16 && bf16_dots);
+                    let skinny = m <= 8 || dtype == DType::F32 || bf16_dots;
                     assert_eq!(
                         lines.iter().any(|l| l.contains("skinny")),
                         skinny,

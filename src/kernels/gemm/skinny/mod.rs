@@ -1,10 +1,12 @@
 //! Products with few rows of A (a decoding step's `x @ W`, matrix-vector products; up to
-//! 32 rows against an f32 weight used as `W.t()` or any bf16 B with bf16 dot products).
+//! 32 rows of f32 values or of bf16 ones on bf16 dot products, 8 of bf16 widened to f32).
 //! They are bound by reading B, so B is read once, in place, in its own layout and dtype:
-//! packing it (N·K per call) would cost as much as the product. A row-major B is streamed
-//! row by row into the rows of C, kept in L1 (`c[i, :] += a[i, k] · b[k, :]`); a transposed
-//! one (`W.t()` of a row-major `[N, K]` weight) gives each output a dot product over a
-//! contiguous row of W. Columns of C are split among the threads; every output is summed
+//! packing it (N·K per call) would cost as much as the product. A row-major B is read in
+//! register tiles of C against panels of its columns, a few rows of B at a time, each
+//! left to right (`rows_panels`), the columns past the last panel streamed row by row into
+//! the rows of C, kept in L1 (`c[i, :] += a[i, k] · b[k, :]`); a transposed one (`W.t()`
+//! of a row-major `[N, K]` weight) gives each output a dot product over a contiguous row
+//! of W. Columns of C are split among the threads; every output is summed
 //! by one thread in a fixed order, so results do not depend on the thread count. bf16 data
 //! runs as AVX512-BF16 dot products where the packed GEMM's kernel does (`pairs.rs`), else
 //! widened to f32.
@@ -20,17 +22,14 @@ use crate::kernels::simd::{Load, Vector};
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 use std::arch::x86_64::{__m256, __m512};
 
-/// The most rows of A this path takes (but for [`MAX_PAIR_OR_DOT_ROWS`]): a row-major B
-/// streamed into C's rows stores C once per row of B, which past 8 rows costs more than
-/// packing B (m = 16, 32: 0.2x PyTorch, against 0.5x packed); bf16 weights widened to f32 are
-/// widened again for every group of rows.
-const MAX_ROWS: usize = 8;
-/// The most rows of A against an f32 weight read as dot products (`x @ W.t()`), or against
-/// any bf16 B with bf16 dot products ([`pairs`]): each group of rows reuses the weight rows
-/// from L1 or L2, which stays ahead of packing B up to 32 rows (f32 `[32, 4096] x [4096,
-/// 4096]`: 0.73x PyTorch, packed 0.51x; x `[4096, 11008]`: 0.88x against 0.56x, on a 2-core
-/// Xeon).
-const MAX_PAIR_OR_DOT_ROWS: usize = 32;
+/// The most rows of A whose bf16 B is widened to f32 (each group of rows widens it again).
+const MAX_WIDENED_ROWS: usize = 8;
+/// The most rows of A this path takes otherwise: each group of rows reuses B's rows from L1
+/// or L2, which stays ahead of packing B up to 32 rows (f32 `[32, 4096] x W.t()`, W
+/// `[4096, 4096]`: 0.73x PyTorch, packed 0.51x; `[11008, 4096]`: 0.88x against 0.56x, on a
+/// 2-core Xeon; `[32, 4096] x [4096, 11008]` in register tiles 10.9 ms, packed 16.2, on
+/// an AMD EPYC Zen 5).
+const MAX_ROWS: usize = 32;
 /// Rows of A a dot-product pass holds in registers (with `NB` outputs each).
 const ROW_GROUP: usize = 4;
 /// Floats of C the row-streaming pass keeps in L1 while it streams B: the thread's columns
@@ -51,10 +50,10 @@ pub(crate) fn kernel<T: Element>(
     let layout_ok = cs == 1 || rs == 1;
     let rows_layout = streams_rows(rs, cs, n);
     let dtype_ok = matches!(T::DTYPE, DType::F32 | DType::Bf16);
-    let max_rows = if bf16_pairs::<T>() || (T::DTYPE == DType::F32 && !rows_layout) {
-        MAX_PAIR_OR_DOT_ROWS
-    } else {
+    let max_rows = if bf16_pairs::<T>() || T::DTYPE == DType::F32 {
         MAX_ROWS
+    } else {
+        MAX_WIDENED_ROWS
     };
     if m == 0 || m > max_rows || rounding != Rounding::None || !layout_ok || !dtype_ok {
         return None;
@@ -212,7 +211,7 @@ fn avx512<E: Load>(_: Avx512Token, share: Share<E>) {
     #[target_feature(enable = "avx512f,fma")]
     unsafe fn run<E: Load>(share: Share<E>) {
         // SAFETY: the CPU has AVX-512 (the caller's token).
-        unsafe { body::<__m512, E, 4>(share) }
+        unsafe { body::<__m512, E, 4, 8, 3>(share) }
     }
     // SAFETY: the token proves the AVX-512 level (F and FMA).
     unsafe { run(share) }
@@ -222,18 +221,21 @@ fn avx2<E: Load>(_: Avx2Token, share: Share<E>) {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn run<E: Load>(share: Share<E>) {
         // SAFETY: the CPU has AVX2 and FMA (the caller's token).
-        unsafe { body::<__m256, E, 2>(share) }
+        unsafe { body::<__m256, E, 2, 4, 2>(share) }
     }
     // SAFETY: the token proves AVX2 and FMA.
     unsafe { run(share) }
 }
 
-/// Both layouts on vectors `V`; `NB` outputs of a dot product at a time.
+/// Both layouts on vectors `V`; `NB` outputs of a dot product at a time, register tiles of
+/// `R` rows of A against a row-major B.
 ///
 /// # Safety
 /// The CPU has `V`'s instruction set.
 #[inline(always)]
-unsafe fn body<V: Vector, E: Load, const NB: usize>(share: Share<E>) {
+unsafe fn body<V: Vector, E: Load, const NB: usize, const R: usize, const P: usize>(
+    share: Share<E>,
+) {
     let Share {
         rows,
         m,
@@ -244,17 +246,24 @@ unsafe fn body<V: Vector, E: Load, const NB: usize>(share: Share<E>) {
         out,
     } = share;
     let width = j1 - j0;
-    assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_PAIR_OR_DOT_ROWS);
+    assert!(rows.len() == m * k && out.len() == m * width && m <= MAX_ROWS);
     // Every element of B the loops read, checked once: (k - 1, j1 - 1) is the farthest.
     assert!(b.offset + (k - 1) * b.rs + (j1 - 1) * b.cs < b.data.len());
     let base = b.data.as_ptr().wrapping_add(b.offset);
     // (j1 ≥ 16 whenever n is: the threads' ranges are multiples of 16 but the last, which
     // ends at n.)
     if streams_rows(b.rs, b.cs, j1) {
+        // C in register tiles against panels of B's columns; the columns past the last
+        // whole panel as below.
+        let panels = width / (P * V::LANES) * (P * V::LANES);
+        if panels > 0 {
+            // SAFETY: columns j0..j0 + panels ≤ j1 of every row of B (checked above).
+            unsafe { rows_panels::<V, E, R, P>(rows, (m, k), (base, b.rs), (j0, panels), out) };
+        }
         // c[i, p0..p1] += a[i, kk] · b[kk, p0..p1], streaming B's rows, a piece of columns
         // at a time so that the piece of C stays in L1.
         let piece = (C_IN_L1 / m).next_multiple_of(V::LANES);
-        for p0 in (0..width).step_by(piece) {
+        for p0 in (panels..width).step_by(piece) {
             let p1 = (p0 + piece).min(width);
             // SAFETY: columns j0 + p0..j0 + p1 ≤ j1 of every row of B (checked above).
             unsafe {
@@ -309,6 +318,125 @@ unsafe fn body<V: Vector, E: Load, const NB: usize>(share: Share<E>) {
             }
         }
         j += count;
+    }
+}
+
+/// C's columns `j0..j0 + len` (`len` a multiple of `P` vectors) from a row-major B, in
+/// register tiles of up to `R` rows of A x `P` vectors of columns, each running down a
+/// block of B's rows (C loaded and stored once per block, not once per row of B). A block
+/// sweeps all the panels before the next block starts, so that B is read as a few rows at
+/// a time, each left to right: [`K_BLOCK`] rows where one group of A's rows reads B once
+/// (the memory streams it so), [`K_BLOCK_SHARED`] where several groups share the block from
+/// L1 and L2. Each output is summed in the order of K, as the row-streaming pass sums it.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set; B's rows hold columns `j0..j0 + len` for every
+/// `kk < k`.
+#[inline(always)]
+unsafe fn rows_panels<V: Vector, E: Load, const R: usize, const P: usize>(
+    rows: &[f32],
+    (m, k): (usize, usize),
+    (base, rs): (*const E, usize),
+    (j0, len): (usize, usize),
+    out: &mut [f32],
+) {
+    let width = out.len() / m;
+    assert!(len <= width && len.is_multiple_of(P * V::LANES) && rows.len() >= m * k);
+    let k_block = if m > R { K_BLOCK_SHARED } else { K_BLOCK };
+    for kb in (0..k).step_by(k_block) {
+        let ks = kb..(kb + k_block).min(k);
+        for p in (0..len).step_by(P * V::LANES) {
+            let panel = base.wrapping_add(j0 + p);
+            for r0 in (0..m).step_by(R) {
+                let tile = Tile {
+                    rows,
+                    k,
+                    r0,
+                    ks: ks.clone(),
+                    panel: (panel, rs),
+                };
+                let c = &mut out[r0 * width + p..];
+                // SAFETY: the caller's instruction set and bounds; the tile's rows of A
+                // are below m (r0 + its R), its outputs inside `out` (p + P·LANES ≤ width).
+                unsafe {
+                    match m - r0 {
+                        1 => tile.run::<V, 1, P>(c, width),
+                        2 => tile.run::<V, 2, P>(c, width),
+                        3 => tile.run::<V, 3, P>(c, width),
+                        4 => tile.run::<V, 4, P>(c, width),
+                        5 if R > 4 => tile.run::<V, 5, P>(c, width),
+                        6 if R > 4 => tile.run::<V, 6, P>(c, width),
+                        7 if R > 4 => tile.run::<V, 7, P>(c, width),
+                        _ => tile.run::<V, R, P>(c, width),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows of B per block where one group of A's rows reads it: `[8, 4096] x [4096, 11008]`
+/// f32 took 6.4 ms with 16, 7.3 with 8, 8.4 with 32 (two threads, AMD EPYC Zen 5), and
+/// B streamed into C 18.3.
+const K_BLOCK: usize = 16;
+/// Rows of B per block where several groups of A's rows share it (48 KiB of a panel of
+/// three 16-float vectors): `[32, 4096] x [4096, 11008]` took 10.9 ms, 12.1 with blocks of
+/// 64, 14.1 of 16, and 16.2 through the packed GEMM.
+const K_BLOCK_SHARED: usize = 256;
+
+/// One register tile of [`rows_panels`]: rows `r0..` of A against rows `ks` of a panel of B
+/// (its first column's address and B's row stride).
+struct Tile<'a, E> {
+    rows: &'a [f32],
+    k: usize,
+    r0: usize,
+    ks: std::ops::Range<usize>,
+    panel: (*const E, usize),
+}
+
+impl<E: Load> Tile<'_, E> {
+    /// Adds the tile's products to `c` (`N` rows, `width` apart, `P` vectors each; set
+    /// rather than added on the first block of K).
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set; rows `r0..r0 + N` of A exist; the panel holds `P`
+    /// vectors of columns in rows `ks`; `c` holds `(N - 1)·width + P·LANES` floats.
+    #[inline(always)]
+    unsafe fn run<V: Vector, const N: usize, const P: usize>(&self, c: &mut [f32], width: usize) {
+        let (panel, rs) = self.panel;
+        let lanes = V::LANES;
+        assert!(c.len() >= (N - 1) * width + P * lanes);
+        assert!((self.r0 + N) * self.k <= self.rows.len() && self.ks.end <= self.k);
+        // SAFETY: the caller's contract; A's rows are checked above.
+        unsafe {
+            let mut acc = [[V::splat(0.0); P]; N];
+            if self.ks.start > 0 {
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    for (h, slot) in acc_i.iter_mut().enumerate() {
+                        *slot = V::load(c.as_ptr().add(i * width + h * lanes));
+                    }
+                }
+            }
+            let a = self.rows.as_ptr().add(self.r0 * self.k);
+            for kk in self.ks.clone() {
+                let row = panel.wrapping_add(kk * rs);
+                let mut bv = [V::splat(0.0); P];
+                for (h, slot) in bv.iter_mut().enumerate() {
+                    *slot = E::load::<V>(row.add(h * lanes));
+                }
+                for (i, acc_i) in acc.iter_mut().enumerate() {
+                    let av = V::splat(*a.add(i * self.k + kk));
+                    for (slot, &b) in acc_i.iter_mut().zip(&bv) {
+                        *slot = V::fmadd(av, b, *slot);
+                    }
+                }
+            }
+            for (i, acc_i) in acc.iter().enumerate() {
+                for (h, v) in acc_i.iter().enumerate() {
+                    v.store(c.as_mut_ptr().add(i * width + h * lanes));
+                }
+            }
+        }
     }
 }
 
