@@ -413,10 +413,9 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
                 }
                 let gather = |all: &[bf16], width: usize, out: &mut [bf16]| {
                     let rows = job.kv_rows(b, hk, width);
-                    for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
-                        let at = rows.at(j);
-                        row.copy_from_slice(&all[at..at + width]);
-                    }
+                    gather_rows(rows, lk, width, out, |at, row| {
+                        row.copy_from_slice(&all[at])
+                    });
                 };
                 let k = k_head.get_or_fill(head, lk * s.d / 2, |out| {
                     gather(k_all, s.d, bytemuck::cast_slice_mut(out))
@@ -450,10 +449,7 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
             }
             let gather = |input: &Input, width: usize, out: &mut [f32]| {
                 let rows = job.kv_rows(b, hk, width);
-                for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
-                    let at = rows.at(j);
-                    input.copy_into(at..at + width, row);
-                }
+                gather_rows(rows, lk, width, out, |at, row| input.copy_into(at, row));
             };
             let (k, kt) = if key_rows {
                 (
@@ -483,6 +479,21 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
     };
     crate::runtime::threads::for_each(chunks, &work);
     Ok((out, lse))
+}
+
+/// Rows `0..lk` of one head (`width` elements each, where `rows` places them) into `out`,
+/// one after another, each by `copy(its elements, its place in out)`.
+fn gather_rows<T>(
+    rows: crate::kernels::attention::Rows,
+    lk: usize,
+    width: usize,
+    out: &mut [T],
+    mut copy: impl FnMut(std::ops::Range<usize>, &mut [T]),
+) {
+    for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
+        let at = rows.at(j);
+        copy(at..at + width, row);
+    }
 }
 
 /// The serving calls' CPU path ([`super::serving`]): the decoding kernel for paged caches
@@ -634,8 +645,9 @@ fn decode<E: crate::kernels::simd::Load>(
         (Vec::new(), Vec::new())
     };
     let units = groups * splits;
-    let threads = crate::get_num_threads().min(units).max(1);
-    // Each thread's scores and queries, allocated here, where a failure is an error.
+    let threads = crate::get_num_threads().min(units);
+    // Each thread's scores and queries (none without units), allocated here, where a
+    // failure is an error.
     let scratch = rows
         .checked_mul(stride)
         .ok_or_else(|| Error::ShapeMismatch {
