@@ -32,7 +32,7 @@
 //! - host buffers sized by the input are allocated fallibly ([`Error::OutOfMemory`]), and
 //!   the thread pool runs with the threads it could start.
 //!
-//! `tests/fuzz.rs` calls every entry point with random valid and invalid input in a child
+//! `tests/fuzz/` calls every entry point with random valid and invalid input in a child
 //! process; `tests/robustness.rs` keeps every input that once crashed.
 //!
 //! ```
