@@ -220,7 +220,7 @@ mod tests {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
-                bf16::from_f64((state >> 11) as f64 / (1u64 << 52) as f64 * 2.0 - 1.0)
+                bf16::from_f64((state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0)
             })
             .collect()
     }
