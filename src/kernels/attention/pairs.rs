@@ -186,21 +186,48 @@ impl Operands<__m512> for PairLanes<'_> {
         // AVX-512 and AVX512-BF16.
         unsafe {
             let mut acc = scaled_sums::<__m512, COLS, VECS>(acc_t, r0, x0, alpha);
-            for (c, weights) in wt[..pairs].iter().enumerate() {
+            let whole = keys / 2;
+            for (c, weights) in wt[..whole].iter().enumerate() {
                 prefetch_line(ahead, c);
-                let mut p = [bf16s(_mm512_setzero_si512()); VECS];
-                for (j, slot) in p.iter_mut().enumerate() {
-                    *slot = bf16s(_mm512_loadu_si512(weights.as_ptr().add(r0 + 16 * j).cast()));
-                }
                 let values = v.as_ptr().add(c * dv + x0);
-                for (w, row) in acc.iter_mut().enumerate() {
-                    let b = bf16s(_mm512_set1_epi32(*values.add(w) as i32));
-                    for j in 0..VECS {
-                        row[j] = _mm512_dpbf16_ps(row[j], p[j], b);
-                    }
-                }
+                add_pair(&mut acc, &weights[r0..], values, u32::MAX);
+            }
+            if pairs > whole {
+                // An odd count: the last word's second key is past the block's, its weight
+                // 0 and its value dropped (0 times a non-finite value there would be NaN).
+                let values = v.as_ptr().add(whole * dv + x0);
+                add_pair(&mut acc, &wt[whole][r0..], values, 0xFFFF);
             }
             store_sums::<__m512, COLS, VECS>(&acc, acc_t, r0, x0);
+        }
+    }
+}
+
+/// `acc[w][j] += Σ` over one pair of keys of the weights (`weights`, the rows from the
+/// tile's first, `VECS` vectors) times the values (`values[w]`, words of two keys' values,
+/// each ANDed with `keep`).
+///
+/// # Safety
+/// The CPU has AVX-512 and AVX512-BF16; `values` holds `COLS` words.
+#[inline(always)]
+unsafe fn add_pair<const COLS: usize, const VECS: usize>(
+    acc: &mut [[__m512; VECS]; COLS],
+    weights: &[u32],
+    values: *const u32,
+    keep: u32,
+) {
+    assert!(weights.len() >= 16 * VECS);
+    // SAFETY: the weights are checked above, the values are the caller's.
+    unsafe {
+        let mut p = [bf16s(_mm512_setzero_si512()); VECS];
+        for (j, slot) in p.iter_mut().enumerate() {
+            *slot = bf16s(_mm512_loadu_si512(weights.as_ptr().add(16 * j).cast()));
+        }
+        for (w, row) in acc.iter_mut().enumerate() {
+            let b = bf16s(_mm512_set1_epi32((*values.add(w) & keep) as i32));
+            for j in 0..VECS {
+                row[j] = _mm512_dpbf16_ps(row[j], p[j], b);
+            }
         }
     }
 }
@@ -231,13 +258,20 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX512-BF16 at the AVX-512 level");
             return;
         };
-        // (rows, first row, keys, d, dv, causal, mask varies along rows / broadcast)
+        let (upper, lower) = (
+            Some(CausalVariant::UpperLeft),
+            Some(CausalVariant::LowerRight),
+        );
+        // (rows, first row, keys, d, dv, causal, mask varies along rows / broadcast); the
+        // upper-left case ends its key span on an odd key, 47, and the keys from 47 on (which
+        // no row sees) hold NaN values.
         let cases = [
-            (48, 0, 64, 64, 64, false, None),
-            (17, 30, 77, 2, 5, false, None),
-            (48, 96, 333, 128, 128, true, None),
-            (33, 0, 130, 40, 17, false, Some(true)),
-            (48, 48, 97, 64, 64, true, Some(false)),
+            (48, 0, 64, 64, 64, None, None),
+            (17, 30, 77, 2, 5, None, None),
+            (48, 96, 333, 128, 128, lower, None),
+            (33, 0, 130, 40, 17, None, Some(true)),
+            (48, 48, 97, 64, 64, lower, Some(false)),
+            (47, 0, 64, 32, 16, upper, None),
         ];
         for (n_rows, first, lk, d, dv, causal, mask) in cases {
             let lq = first + n_rows;
@@ -250,7 +284,10 @@ mod tests {
                 d,
                 dv,
             };
-            let (q, k, v) = (values(n_rows * d, 1), values(lk * d, 2), values(lk * dv, 3));
+            let (q, k, mut v) = (values(n_rows * d, 1), values(lk * d, 2), values(lk * dv, 3));
+            if causal == upper {
+                v[lq * dv..].fill(bf16::NAN);
+            }
             let mask_values: Vec<f32> = values(lq * lk, 4).iter().map(|x| x.to_f32()).collect();
             let bias = mask.map(|varies| MaskView {
                 values: &mask_values,
@@ -258,7 +295,8 @@ mod tests {
                 si: if varies { lk } else { 0 },
                 sj: 1,
             });
-            let band = Band::new(causal, CausalVariant::LowerRight, Window::default(), lq, lk);
+            let variant = causal.unwrap_or(CausalVariant::UpperLeft);
+            let band = Band::new(causal.is_some(), variant, Window::default(), lq, lk);
             let mut v_pairs = vec![0u32; lk.div_ceil(2) * dv];
             pair_values(&v, lk, dv, &mut v_pairs);
             let scale = 0.3;
