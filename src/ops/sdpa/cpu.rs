@@ -406,11 +406,11 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
             if let Some((block, q_all, k_all, v_all)) = pairs {
                 // The block's queries and the head's keys gathered as they are, the values
                 // gathered and paired by keys.
-                q16.clear();
-                for i in rows.clone() {
-                    let at = q_rows.at(i);
-                    q16.extend_from_slice(&q_all[at..at + s.d]);
-                }
+                q16.resize(rows.len() * s.d, bf16::ZERO);
+                let block_rows = q_rows.skipping(rows.start);
+                gather_rows(block_rows, rows.len(), s.d, &mut q16, |at, query| {
+                    query.copy_from_slice(&q_all[at])
+                });
                 let gather = |all: &[bf16], width: usize, out: &mut [bf16]| {
                     let rows = job.kv_rows(b, hk, width);
                     gather_rows(rows, lk, width, out, |at, row| {
@@ -442,11 +442,16 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
                 continue;
             }
             let q = &mut q_block[..rows.len() * s.d];
-            for (i, query) in rows.clone().zip(q.chunks_exact_mut(s.d.max(1))) {
-                let at = q_rows.at(i);
-                qv.copy_into(at..at + s.d, query);
-                query.iter_mut().for_each(|x| *x *= scale);
-            }
+            gather_rows(
+                q_rows.skipping(rows.start),
+                rows.len(),
+                s.d,
+                q,
+                |at, query| {
+                    qv.copy_into(at, query);
+                    query.iter_mut().for_each(|x| *x *= scale);
+                },
+            );
             let gather = |input: &Input, width: usize, out: &mut [f32]| {
                 let rows = job.kv_rows(b, hk, width);
                 gather_rows(rows, lk, width, out, |at, row| input.copy_into(at, row));
@@ -481,16 +486,16 @@ pub(super) fn cpu_sequences(job: &Job) -> Result<(Vec<f32>, Vec<f32>)> {
     Ok((out, lse))
 }
 
-/// Rows `0..lk` of one head (`width` elements each, where `rows` places them) into `out`,
+/// Rows `0..count` of one head (`width` elements each, where `rows` places them) into `out`,
 /// one after another, each by `copy(its elements, its place in out)`.
 fn gather_rows<T>(
     rows: crate::kernels::attention::Rows,
-    lk: usize,
+    count: usize,
     width: usize,
     out: &mut [T],
     mut copy: impl FnMut(std::ops::Range<usize>, &mut [T]),
 ) {
-    for (j, row) in out.chunks_exact_mut(width.max(1)).take(lk).enumerate() {
+    for (j, row) in out.chunks_exact_mut(width.max(1)).take(count).enumerate() {
         let at = rows.at(j);
         copy(at..at + width, row);
     }

@@ -32,9 +32,6 @@ const MAX_WIDENED_ROWS: usize = 8;
 const MAX_ROWS: usize = 32;
 /// Rows of A a dot-product pass holds in registers (with `NB` outputs each).
 const ROW_GROUP: usize = 4;
-/// Floats of C the row-streaming pass keeps in L1 while it streams B: the thread's columns
-/// are taken in pieces of `C_IN_L1 / m`.
-const C_IN_L1: usize = 8192;
 
 /// Columns of C a thread gets, at least (fewer: the start-up costs more than the work).
 const MIN_COLUMNS_PER_THREAD: usize = 256;
@@ -254,26 +251,23 @@ unsafe fn body<V: Vector, E: Load, const NB: usize, const R: usize, const P: usi
     // ends at n.)
     if streams_rows(b.rs, b.cs, j1) {
         // C in register tiles against panels of B's columns; the columns past the last
-        // whole panel as below.
+        // whole panel (fewer than a panel's) by streaming B's rows into C's:
+        // c[i, p..] += a[i, kk] · b[kk, p..].
         let panels = width / (P * V::LANES) * (P * V::LANES);
         if panels > 0 {
             // SAFETY: columns j0..j0 + panels ≤ j1 of every row of B (checked above).
             unsafe { rows_panels::<V, E, R, P>(rows, (m, k), (base, b.rs), (j0, panels), out) };
         }
-        // c[i, p0..p1] += a[i, kk] · b[kk, p0..p1], streaming B's rows, a piece of columns
-        // at a time so that the piece of C stays in L1.
-        let piece = (C_IN_L1 / m).next_multiple_of(V::LANES);
-        for p0 in (panels..width).step_by(piece) {
-            let p1 = (p0 + piece).min(width);
-            // SAFETY: columns j0 + p0..j0 + p1 ≤ j1 of every row of B (checked above).
+        if panels < width {
+            // SAFETY: columns j0 + panels..j1 of every row of B (checked above).
             unsafe {
                 rows_piece::<V, E>(
                     rows,
                     (m, k),
                     (base, b.rs),
-                    (j0 + p0, j0 + p1),
+                    (j0 + panels, j1),
                     out,
-                    (width, p0),
+                    (width, panels),
                 );
             }
         }
