@@ -376,9 +376,9 @@ fn an_explicit_mask_with_is_causal_is_refused_as_in_pytorch() {
     }
 }
 
-/// Runs the fused-path tests in a child process whose CPU level is capped at `cap` (the
-/// AVX-512 and AVX2 kernels share their code but not their tiles; the portable kernel reads
-/// the keys transposed).
+/// Runs the fused-path tests (and at AVX2 the decoding ones) in a child process whose CPU
+/// level is capped at `cap` (the AVX-512 and AVX2 kernels share their code but not their
+/// tiles; the portable kernel reads the keys transposed).
 fn fused_path_at_level(test: &str, cap: &str, shown: &str) {
     if !in_child(test, &[("ATEN_CPU_CAPABILITY", cap)]) {
         return;
@@ -386,6 +386,10 @@ fn fused_path_at_level(test: &str, cap: &str, shown: &str) {
     assert_eq!(backends::cpu::get_cpu_capability().to_string(), shown);
     cpu_fused_path_matches_the_reference();
     cpu_fused_path_takes_masks_broadcast_or_strided_along_the_keys();
+    if cap == "avx2" {
+        // The decoding kernel's tiles are narrower at this level.
+        decoding_shapes_run_the_decoding_kernel_and_match_the_reference();
+    }
 }
 
 #[test]
@@ -437,6 +441,14 @@ fn decoding_shapes_run_the_decoding_kernel_and_match_the_reference() {
         ..case(3, 50, 64)
     }));
     cases.push(lower_right(case(1, 300, 64)));
+    // 15 rows in one group (tiles of 8, 4, 2 and 1 rows), a head dim of whole and partial
+    // vector tiles, keys over more than one block of the weighted sum.
+    cases.push(Case {
+        b: 1,
+        h: 5,
+        hk: 1,
+        ..case(3, 1100, 72)
+    });
     cases.push(Case {
         mask: Some(true),
         ..case(2, 100, 32)

@@ -8,7 +8,7 @@
 
 use super::lanes::SoftmaxLanes;
 use super::{MaskView, Rows, finish_rows};
-use crate::kernels::simd::Load;
+use crate::kernels::simd::{Load, Vector};
 use crate::runtime::cpu::{Avx2Token, Avx512Token};
 use std::arch::x86_64::{__m256, __m512};
 
@@ -125,30 +125,18 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
             prefetch_row(k, k_rows.at(j + AHEAD), d);
         }
         let key = &k[k_rows.at(j)..][..d];
-        for (r, (keys, mask, i)) in rows.iter().enumerate() {
-            let (mask, i) = (*mask, *i);
-            let at = &mut scores[r * stride + j];
-            if !keys.contains(&j) {
-                *at = f32::NEG_INFINITY;
-                continue;
-            }
-            let qr = &q[r * d..(r + 1) * d];
-            // SAFETY: lanes x..x + LANES < d of the key and query rows (x < dl ≤ d).
-            let mut dot = unsafe {
-                let mut acc = V::splat(0.0);
-                for x in (0..dl).step_by(V::LANES) {
-                    acc = V::fmadd(
-                        V::load(qr.as_ptr().add(x)),
-                        E::load::<V>(key.as_ptr().add(x)),
-                        acc,
-                    );
+        // The key's vectors are widened once for a tile of rows (8, then 4, 2, 1).
+        let mut r0 = 0;
+        while r0 < n {
+            // SAFETY: rows r0.. of q exist (r0 + R ≤ n), lanes below dl ≤ d.
+            r0 += unsafe {
+                match n - r0 {
+                    8.. => score_tile::<V, E, 8>(q, key, (r0, d, dl), rows, j, stride, scores),
+                    4.. => score_tile::<V, E, 4>(q, key, (r0, d, dl), rows, j, stride, scores),
+                    2.. => score_tile::<V, E, 2>(q, key, (r0, d, dl), rows, j, stride, scores),
+                    _ => score_tile::<V, E, 1>(q, key, (r0, d, dl), rows, j, stride, scores),
                 }
-                acc.sum()
             };
-            for x in dl..d {
-                dot = qr[x].mul_add(key[x].to_f32(), dot);
-            }
-            *at = dot + mask.map_or(0.0, |m| m.at(i, j));
         }
     }
     // The softmax of each row, 16 keys at a time (the padding's -inf gives 0).
@@ -174,31 +162,148 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
         };
         (maxes[r], sums[r]) = (max, sum);
     }
-    // The weighted sum: each value row read once, into every row of the group.
+    // The weighted sum, in register tiles of rows x vectors of the outputs, block of keys by
+    // block: each value row is read from memory once, widened once per tile of rows.
     out.fill(0.0);
-    for j in 0..lk {
-        if j + AHEAD < lk {
-            prefetch_row(v, v_rows.at(j + AHEAD), dv);
-        }
-        let value = &v[v_rows.at(j)..][..dv];
-        for r in 0..n {
-            let p = scores[r * stride + j];
-            if p == 0.0 {
-                continue;
+    for first in (0..lk).step_by(VALUE_BLOCK) {
+        let block = first..(first + VALUE_BLOCK).min(lk);
+        let mut r0 = 0;
+        while r0 < n {
+            let tile = match n - r0 {
+                4.. => 4,
+                2.. => 2,
+                _ => 1,
+            };
+            let mut x0 = 0;
+            while x0 < dvl {
+                let at = (r0, x0, block.clone());
+                // The block's first tile asks for whole value rows ahead: the other tiles
+                // find them in cache (a paged cache's rows, apart, defeat the hardware's
+                // prefetch).
+                let ahead = if r0 == 0 && x0 == 0 { dv } else { 0 };
+                let shape = (dv, stride, lk, ahead);
+                // SAFETY: rows r0..r0 + tile ≤ n and lanes x0.. below dvl ≤ dv.
+                x0 += unsafe {
+                    match (tile, (dvl - x0) / V::LANES) {
+                        (4, 4..) => value_tile::<V, E, 4, 4>(v, v_rows, at, shape, scores, out),
+                        (4, _) => value_tile::<V, E, 4, 1>(v, v_rows, at, shape, scores, out),
+                        (2, 4..) => value_tile::<V, E, 2, 4>(v, v_rows, at, shape, scores, out),
+                        (2, _) => value_tile::<V, E, 2, 1>(v, v_rows, at, shape, scores, out),
+                        (_, 8..) => value_tile::<V, E, 1, 8>(v, v_rows, at, shape, scores, out),
+                        (_, 4..) => value_tile::<V, E, 1, 4>(v, v_rows, at, shape, scores, out),
+                        _ => value_tile::<V, E, 1, 1>(v, v_rows, at, shape, scores, out),
+                    }
+                };
             }
-            let o = &mut out[r * dv..(r + 1) * dv];
-            // SAFETY: lanes x..x + LANES < dv of the value and output rows (x < dvl ≤ dv).
-            unsafe {
-                let pv = V::splat(p);
-                for x in (0..dvl).step_by(V::LANES) {
-                    let at = o.as_mut_ptr().add(x);
-                    V::fmadd(pv, E::load::<V>(value.as_ptr().add(x)), V::load(at)).store(at);
+            for j in block.clone().filter(|_| dvl < dv) {
+                let value = &v[v_rows.at(j)..][..dv];
+                for r in r0..r0 + tile {
+                    let p = scores[r * stride + j];
+                    let o = &mut out[r * dv..(r + 1) * dv];
+                    for x in dvl..dv {
+                        o[x] = p.mul_add(value[x].to_f32(), o[x]);
+                    }
                 }
             }
-            for x in dvl..dv {
-                o[x] = p.mul_add(value[x].to_f32(), o[x]);
-            }
+            r0 += tile;
         }
     }
     finish_rows(out, dv, &maxes[..n], &sums[..n], lse);
+}
+
+/// Keys per block of the weighted sum: the block's value rows (256 KiB of f32 at dv = 128)
+/// stay in L2 while each tile of rows reads them.
+const VALUE_BLOCK: usize = 512;
+
+/// The scores of key row `key` (index `j`) against query rows `r0..r0 + R` (their `rows`
+/// entries say which keys each sees and its mask); returns `R`.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set; `r0 + R ≤ rows.len()`, `q` holds those rows of `d`,
+/// `key` holds `d` elements, `dl ≤ d` is a multiple of `V::LANES`.
+#[inline(always)]
+unsafe fn score_tile<V: SoftmaxLanes, E: Load, const R: usize>(
+    q: &[f32],
+    key: &[E],
+    (r0, d, dl): (usize, usize, usize),
+    rows: &[(std::ops::Range<usize>, Option<MaskView<'_>>, usize)],
+    j: usize,
+    stride: usize,
+    scores: &mut [f32],
+) -> usize {
+    // SAFETY: lanes x..x + LANES < dl of the key and of rows r0..r0 + R of q (the caller).
+    let acc = unsafe {
+        let mut acc = [V::splat(0.0); R];
+        for x in (0..dl).step_by(V::LANES) {
+            let kx = E::load::<V>(key.as_ptr().add(x));
+            for (t, a) in acc.iter_mut().enumerate() {
+                *a = V::fmadd(V::load(q.as_ptr().add((r0 + t) * d + x)), kx, *a);
+            }
+        }
+        acc
+    };
+    for (t, a) in acc.into_iter().enumerate() {
+        let (keys, mask, i) = &rows[r0 + t];
+        let at = &mut scores[(r0 + t) * stride + j];
+        if !keys.contains(&j) {
+            *at = f32::NEG_INFINITY;
+            continue;
+        }
+        let qr = &q[(r0 + t) * d..(r0 + t + 1) * d];
+        // SAFETY: the CPU has V's instruction set (the caller).
+        let mut dot = unsafe { a.sum() };
+        for x in dl..d {
+            dot = qr[x].mul_add(key[x].to_f32(), dot);
+        }
+        *at = dot + mask.map_or(0.0, |m| m.at(*i, j));
+    }
+    R
+}
+
+/// Adds the weighted value rows of keys `block` into outputs `r0..r0 + R`, lanes
+/// `x0..x0 + C · LANES`, accumulated in registers, asking for `ahead` elements of the value
+/// row [`AHEAD`] rows on; returns the lanes done.
+///
+/// # Safety
+/// The CPU has `V`'s instruction set; rows `r0..r0 + R` of `out` (of `dv`) exist and
+/// `x0 + C · LANES ≤ dv`.
+#[inline(always)]
+unsafe fn value_tile<V: Vector, E: Load, const R: usize, const C: usize>(
+    v: &[E],
+    v_rows: Rows<'_>,
+    (r0, x0, block): (usize, usize, std::ops::Range<usize>),
+    (dv, stride, lk, ahead): (usize, usize, usize, usize),
+    scores: &[f32],
+    out: &mut [f32],
+) -> usize {
+    // SAFETY: lanes x0..x0 + C · LANES ≤ dv of rows r0..r0 + R (the caller).
+    unsafe {
+        let o = out.as_mut_ptr();
+        let mut acc = [[V::splat(0.0); C]; R];
+        for (t, row) in acc.iter_mut().enumerate() {
+            for (c, a) in row.iter_mut().enumerate() {
+                *a = V::load(o.add((r0 + t) * dv + x0 + c * V::LANES));
+            }
+        }
+        for j in block {
+            if ahead > 0 && j + AHEAD < lk {
+                prefetch_row(v, v_rows.at(j + AHEAD), ahead);
+            }
+            let value_row = &v[v_rows.at(j)..][..dv];
+            let value: [V; C] =
+                std::array::from_fn(|c| E::load::<V>(value_row.as_ptr().add(x0 + c * V::LANES)));
+            for (t, row) in acc.iter_mut().enumerate() {
+                let p = V::splat(scores[(r0 + t) * stride + j]);
+                for (a, &x) in row.iter_mut().zip(&value) {
+                    *a = V::fmadd(p, x, *a);
+                }
+            }
+        }
+        for (t, row) in acc.iter().enumerate() {
+            for (c, a) in row.iter().enumerate() {
+                a.store(o.add((r0 + t) * dv + x0 + c * V::LANES));
+            }
+        }
+    }
+    C * V::LANES
 }
