@@ -128,7 +128,7 @@ pub fn a_singular_matrix_is_an_error_naming_its_batch_element(device: Device) {
 
 pub fn cholesky_factors_reconstruct_the_input(device: Device) {
     for dtype in DTYPES {
-        let (count, n) = (3, 9);
+        let (count, n) = (3, 19);
         let a = spd(count, n);
         let l = linalg::cholesky(&tensor(device, &a, &[count, n, n], dtype), false)
             .unwrap()
@@ -143,6 +143,20 @@ pub fn cholesky_factors_reconstruct_the_input(device: Device) {
         }
         let err = rel_err(&bmm(&l, &bt(&l, count, n, n), count, (n, n, n)), &a);
         assert!(err < bound(dtype), "{dtype}: {err:e}");
+        // The lower form reads only the lower triangle (the upper one holds garbage here).
+        let mut garbage = a.clone();
+        for b in 0..count {
+            for i in 0..n {
+                for j in i + 1..n {
+                    garbage[b * n * n + i * n + j] = -1e3;
+                }
+            }
+        }
+        let l2 = linalg::cholesky(&tensor(device, &garbage, &[count, n, n], dtype), false)
+            .unwrap()
+            .to_f64()
+            .unwrap();
+        assert_eq!(l2, l, "{dtype}: the upper triangle was read");
         // upper = true reads the upper triangle (the lower one holds garbage here) and
         // returns U with Uᵀ U = A.
         let mut garbage = a.clone();
@@ -159,6 +173,13 @@ pub fn cholesky_factors_reconstruct_the_input(device: Device) {
             .unwrap();
         let err = rel_err(&bmm(&bt(&u, count, n, n), &u, count, (n, n, n)), &a);
         assert!(err < bound(dtype), "{dtype} upper: {err:e}");
+        for b in 0..count {
+            for i in 0..n {
+                for j in 0..i {
+                    assert_eq!(u[b * n * n + i * n + j], 0.0, "U is upper triangular");
+                }
+            }
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::cell::Cell;
 use std::thread::LocalKey;
 
 use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
+use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::lu::partial_pivoting;
 use faer::perm::PermRef;
 use faer::{Mat, MatMut, MatRef, Par, Side};
@@ -219,18 +220,38 @@ pub(crate) fn cholesky<T: Real>(
     upper: bool,
     out: &mut [T],
 ) -> Result<(), LinAlgFailure> {
-    // Row-major A is column-major Aᵀ: its lower triangle is Aᵀ's upper one, read as is.
-    let llt = MatRef::from_column_major_slice(a, n, n)
-        .llt(side(!upper))
-        .map_err(|e| match e {
-            faer::linalg::cholesky::llt::factor::LltError::NonPositivePivot { index } => {
-                LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
-            }
-        })?;
-    if upper {
-        store_transposed(llt.L(), out);
+    // Factored in place in `out`, where faer reads and writes the lower triangle: of A
+    // itself for the lower form (a row-major view), of Aᵀ for the upper one (the column-major
+    // view of A); faer's own column-major copy of the input cost as long as the
+    // factorization at n = 1024.
+    out.copy_from_slice(a);
+    let view = if upper {
+        MatMut::from_column_major_slice_mut(out, n, n)
     } else {
-        store(llt.L(), out);
+        MatMut::from_row_major_slice_mut(out, n, n)
+    };
+    let req = llt::cholesky_in_place_scratch::<T>(n, Par::Seq, Default::default());
+    with_workspace(req, |stack| {
+        llt::cholesky_in_place(
+            view,
+            Default::default(),
+            Par::Seq,
+            stack,
+            Default::default(),
+        )
+    })
+    .map_err(|e| match e {
+        llt::LltError::NonPositivePivot { index } => {
+            LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
+        }
+    })?;
+    // The other triangle still holds the input.
+    for (i, row) in out.chunks_exact_mut(n).enumerate() {
+        if upper {
+            row[..i].fill(T::from_f64(0.0));
+        } else {
+            row[i + 1..].fill(T::from_f64(0.0));
+        }
     }
     Ok(())
 }
