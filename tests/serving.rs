@@ -70,6 +70,7 @@ fn a_paged_cache_matches_each_sequence_alone() {
         backends::cpu::CpuCapability::Avx2 | backends::cpu::CpuCapability::Avx512
     );
     let decoding = |lines: &[String]| lines.iter().any(|l| l.contains("decoding kernel"));
+    let together = |lines: &[String]| lines.iter().any(|l| l.contains("heads read together"));
     // Decoding steps (Lq = 1 and 3, GQA): the decoding kernel reads the blocks through the
     // table; contexts off the block size, and an empty one.
     for (lq, masking) in [
@@ -87,9 +88,19 @@ fn a_paged_cache_matches_each_sequence_alone() {
         let (err, lines) = paged_error::<f32>(&[1000, 0, 37, 16], dims, masking, Device::Cpu);
         assert!(err < 1e-5, "f32 Lq {lq} {masking:?}: {err}");
         assert!(!vector_level || decoding(&lines), "{lines:?}");
+        // The sequence's 8 x Lq query rows fit one unit: both heads of a block read together.
+        assert!(!vector_level || together(&lines), "{lines:?}");
         let (err, _) = paged_error::<bf16>(&[300, 5], dims, masking, Device::Cpu);
         assert!(err < 1e-2, "bf16 Lq {lq} {masking:?}: {err}");
     }
+    // 16 heads x 3 rows are more than a unit holds: one unit per key/value head (blocks of 7
+    // tokens).
+    let (err, lines) = paged_error::<f32>(&[300, 40], (16, 2, 3, 32, 7), lower, Device::Cpu);
+    assert!(err < 1e-5, "16 heads: {err}");
+    assert!(
+        !vector_level || decoding(&lines) && !together(&lines),
+        "{lines:?}"
+    );
     // A chunk of 16 queries per sequence (chunked prefill, bottom-right causal): the block
     // kernel over each sequence's gathered heads; blocks of 1 and of 7 tokens.
     for block in [1, 7] {

@@ -17,16 +17,23 @@ pub(crate) const MAX_QUERY_ROWS: usize = 4;
 /// Rows per group (query heads of a group × Lq) it takes, at most.
 pub(crate) const MAX_GROUP_ROWS: usize = 32;
 
-/// One key/value head group's work.
+/// The work of one key/value head group, or of several read together.
 pub(crate) struct Group<'a, E> {
-    /// The group's query rows, `[rows, d]`, already multiplied by the scale.
+    /// The group's query rows, `[rows, d]`, already multiplied by the scale: those of each
+    /// key/value head in turn.
     pub(crate) q: &'a [f32],
-    /// The elements holding the group's keys and values, and where its `lk` key rows (of
-    /// `d`) and value rows (of `dv`) lie in them.
+    /// The elements holding the group's keys and values, and where its first head's `lk`
+    /// key rows (of `d`) and value rows (of `dv`) lie in them.
     pub(crate) k: &'a [E],
     pub(crate) v: &'a [E],
     pub(crate) k_rows: Rows<'a>,
     pub(crate) v_rows: Rows<'a>,
+    /// Key/value heads read together (each with `rows / heads` query rows), and how many
+    /// elements each head's key and value rows lie after the previous head's: a paged
+    /// cache keeps a key's heads side by side, so reading them together reads its blocks
+    /// in order.
+    pub(crate) heads: usize,
+    pub(crate) head_offsets: (usize, usize),
     pub(crate) lk: usize,
     pub(crate) d: usize,
     pub(crate) dv: usize,
@@ -101,6 +108,8 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
         v,
         k_rows,
         v_rows,
+        heads,
+        head_offsets: (k_head, v_head),
         lk,
         d,
         dv,
@@ -110,6 +119,8 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
         scores,
     } = g;
     let n = rows.len();
+    assert!(heads > 0 && n.is_multiple_of(heads));
+    let per_head = n / heads;
     let stride = lk.next_multiple_of(16);
     assert!(q.len() == n * d);
     assert!(out.len() == n * dv && lse.len() == n && scores.len() >= n * stride);
@@ -122,21 +133,28 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
     }
     for j in 0..lk {
         if j + AHEAD < lk {
-            prefetch_row(k, k_rows.at(j + AHEAD), d);
+            let ahead = k_rows.at(j + AHEAD);
+            for h in 0..heads {
+                prefetch_row(k, ahead + h * k_head, d);
+            }
         }
-        let key = &k[k_rows.at(j)..][..d];
-        // The key's vectors are widened once for a tile of rows (8, then 4, 2, 1).
-        let mut r0 = 0;
-        while r0 < n {
-            // SAFETY: rows r0.. of q exist (r0 + R ≤ n), lanes below dl ≤ d.
-            r0 += unsafe {
-                match n - r0 {
-                    8.. => score_tile::<V, E, 8>(q, key, (r0, d, dl), rows, j, stride, scores),
-                    4.. => score_tile::<V, E, 4>(q, key, (r0, d, dl), rows, j, stride, scores),
-                    2.. => score_tile::<V, E, 2>(q, key, (r0, d, dl), rows, j, stride, scores),
-                    _ => score_tile::<V, E, 1>(q, key, (r0, d, dl), rows, j, stride, scores),
-                }
-            };
+        let row = k_rows.at(j);
+        for h in 0..heads {
+            let key = &k[row + h * k_head..][..d];
+            // The key's vectors are widened once for a tile of the head's rows (8, then 4,
+            // 2, 1).
+            let (mut r0, end) = (h * per_head, (h + 1) * per_head);
+            while r0 < end {
+                // SAFETY: rows r0.. of q exist (r0 + R ≤ end ≤ n), lanes below dl ≤ d.
+                r0 += unsafe {
+                    match end - r0 {
+                        8.. => score_tile::<V, E, 8>(q, key, (r0, d, dl), rows, j, stride, scores),
+                        4.. => score_tile::<V, E, 4>(q, key, (r0, d, dl), rows, j, stride, scores),
+                        2.. => score_tile::<V, E, 2>(q, key, (r0, d, dl), rows, j, stride, scores),
+                        _ => score_tile::<V, E, 1>(q, key, (r0, d, dl), rows, j, stride, scores),
+                    }
+                };
+            }
         }
     }
     // The softmax of each row, 16 keys at a time (the padding's -inf gives 0).
@@ -165,47 +183,55 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
     // The weighted sum, in register tiles of rows x vectors of the outputs, block of keys by
     // block: each value row is read from memory once, widened once per tile of rows.
     out.fill(0.0);
-    for first in (0..lk).step_by(VALUE_BLOCK) {
-        let block = first..(first + VALUE_BLOCK).min(lk);
-        let mut r0 = 0;
-        while r0 < n {
-            let tile = match n - r0 {
-                4.. => 4,
-                2.. => 2,
-                _ => 1,
-            };
-            let mut x0 = 0;
-            while x0 < dvl {
-                let at = (r0, x0, block.clone());
-                // The block's first tile asks for whole value rows ahead: the other tiles
-                // find them in cache (a paged cache's rows, apart, defeat the hardware's
-                // prefetch).
-                let ahead = if r0 == 0 && x0 == 0 { dv } else { 0 };
-                let shape = (dv, stride, lk, ahead);
-                // SAFETY: rows r0..r0 + tile ≤ n and lanes x0.. below dvl ≤ dv.
-                x0 += unsafe {
-                    match (tile, (dvl - x0) / V::LANES) {
-                        (4, 4..) => value_tile::<V, E, 4, 4>(v, v_rows, at, shape, scores, out),
-                        (4, _) => value_tile::<V, E, 4, 1>(v, v_rows, at, shape, scores, out),
-                        (2, 4..) => value_tile::<V, E, 2, 4>(v, v_rows, at, shape, scores, out),
-                        (2, _) => value_tile::<V, E, 2, 1>(v, v_rows, at, shape, scores, out),
-                        (_, 8..) => value_tile::<V, E, 1, 8>(v, v_rows, at, shape, scores, out),
-                        (_, 4..) => value_tile::<V, E, 1, 4>(v, v_rows, at, shape, scores, out),
-                        _ => value_tile::<V, E, 1, 1>(v, v_rows, at, shape, scores, out),
-                    }
+    // Heads read together go a few keys at a time: the first head's pass asks for whole
+    // rows of all heads, which the others then find in cache.
+    let (keys_per_block, row_ahead) = match heads {
+        1 => (VALUE_BLOCK, dv),
+        _ => (HEADS_VALUE_BLOCK, (heads - 1) * v_head + dv),
+    };
+    for first in (0..lk).step_by(keys_per_block) {
+        let block = first..(first + keys_per_block).min(lk);
+        for h in 0..heads {
+            let (mut r0, end) = (h * per_head, (h + 1) * per_head);
+            while r0 < end {
+                let tile = match end - r0 {
+                    4.. => 4,
+                    2.. => 2,
+                    _ => 1,
                 };
-            }
-            for j in block.clone().filter(|_| dvl < dv) {
-                let value = &v[v_rows.at(j)..][..dv];
-                for r in r0..r0 + tile {
-                    let p = scores[r * stride + j];
-                    let o = &mut out[r * dv..(r + 1) * dv];
-                    for x in dvl..dv {
-                        o[x] = p.mul_add(value[x].to_f32(), o[x]);
+                let mut x0 = 0;
+                while x0 < dvl {
+                    let at = (r0, x0, block.clone(), h * v_head);
+                    // The first tile asks for whole value rows ahead: the other tiles find
+                    // them in cache (a paged cache's rows, apart, defeat the hardware's
+                    // prefetch).
+                    let ahead = if r0 == 0 && x0 == 0 { row_ahead } else { 0 };
+                    let shape = (dv, stride, lk, ahead);
+                    // SAFETY: rows r0..r0 + tile ≤ n and lanes x0.. below dvl ≤ dv.
+                    x0 += unsafe {
+                        match (tile, (dvl - x0) / V::LANES) {
+                            (4, 4..) => value_tile::<V, E, 4, 4>(v, v_rows, at, shape, scores, out),
+                            (4, _) => value_tile::<V, E, 4, 1>(v, v_rows, at, shape, scores, out),
+                            (2, 4..) => value_tile::<V, E, 2, 4>(v, v_rows, at, shape, scores, out),
+                            (2, _) => value_tile::<V, E, 2, 1>(v, v_rows, at, shape, scores, out),
+                            (_, 8..) => value_tile::<V, E, 1, 8>(v, v_rows, at, shape, scores, out),
+                            (_, 4..) => value_tile::<V, E, 1, 4>(v, v_rows, at, shape, scores, out),
+                            _ => value_tile::<V, E, 1, 1>(v, v_rows, at, shape, scores, out),
+                        }
+                    };
+                }
+                for j in block.clone().filter(|_| dvl < dv) {
+                    let value = &v[v_rows.at(j) + h * v_head..][..dv];
+                    for r in r0..r0 + tile {
+                        let p = scores[r * stride + j];
+                        let o = &mut out[r * dv..(r + 1) * dv];
+                        for x in dvl..dv {
+                            o[x] = p.mul_add(value[x].to_f32(), o[x]);
+                        }
                     }
                 }
+                r0 += tile;
             }
-            r0 += tile;
         }
     }
     finish_rows(out, dv, &maxes[..n], &sums[..n], lse);
@@ -214,6 +240,10 @@ unsafe fn body<V: SoftmaxLanes, E: Load>(g: Group<E>) {
 /// Keys per block of the weighted sum: the block's value rows (256 KiB of f32 at dv = 128)
 /// stay in L2 while each tile of rows reads them.
 const VALUE_BLOCK: usize = 512;
+
+/// Keys per block of the weighted sum where several heads are read together: their rows
+/// (64 KiB of bf16 at 8 heads, dv = 128) stay in L1 and L2 while each head reads its part.
+const HEADS_VALUE_BLOCK: usize = 32;
 
 /// The scores of key row `key` (index `j`) against query rows `r0..r0 + R` (their `rows`
 /// entries say which keys each sees and its mask); returns `R`.
@@ -260,7 +290,8 @@ unsafe fn score_tile<V: SoftmaxLanes, E: Load, const R: usize>(
     R
 }
 
-/// Adds the weighted value rows of keys `block` into outputs `r0..r0 + R`, lanes
+/// Adds the weighted value rows of keys `block` (each `offset` elements into its row of
+/// `v_rows`) into outputs `r0..r0 + R`, lanes
 /// `x0..x0 + C · LANES`, accumulated in registers, asking for `ahead` elements of the value
 /// row [`AHEAD`] rows on; returns the lanes done.
 ///
@@ -271,7 +302,7 @@ unsafe fn score_tile<V: SoftmaxLanes, E: Load, const R: usize>(
 unsafe fn value_tile<V: Vector, E: Load, const R: usize, const C: usize>(
     v: &[E],
     v_rows: Rows<'_>,
-    (r0, x0, block): (usize, usize, std::ops::Range<usize>),
+    (r0, x0, block, offset): (usize, usize, std::ops::Range<usize>, usize),
     (dv, stride, lk, ahead): (usize, usize, usize, usize),
     scores: &[f32],
     out: &mut [f32],
@@ -287,9 +318,9 @@ unsafe fn value_tile<V: Vector, E: Load, const R: usize, const C: usize>(
         }
         for j in block {
             if ahead > 0 && j + AHEAD < lk {
-                prefetch_row(v, v_rows.at(j + AHEAD), ahead);
+                prefetch_row(v, v_rows.at(j + AHEAD) + offset, ahead);
             }
-            let value_row = &v[v_rows.at(j)..][..dv];
+            let value_row = &v[v_rows.at(j) + offset..][..dv];
             let value: [V; C] =
                 std::array::from_fn(|c| E::load::<V>(value_row.as_ptr().add(x0 + c * V::LANES)));
             for (t, row) in acc.iter_mut().enumerate() {

@@ -546,11 +546,15 @@ pub(super) fn cpu_serving(job: &Job) -> Result<(Tensor, Tensor)> {
 pub(super) fn sequences_kernel(job: &Job) -> String {
     #[cfg(target_arch = "x86_64")]
     if decodes(job) {
+        let heads = match heads_per_unit(job) {
+            1 => "",
+            _ => ", a block's heads read together",
+        };
         return match kv_splits(job) {
-            1 => "decoding kernel, blocks read through the table".to_string(),
+            1 => format!("decoding kernel, blocks read through the table{heads}"),
             runs => format!(
-                "decoding kernel, blocks read through the table, keys split into {runs} runs \
-                 combined by their log-sum-exps"
+                "decoding kernel, blocks read through the table{heads}, keys split into {runs} \
+                 runs combined by their log-sum-exps"
             ),
         };
     }
@@ -629,8 +633,10 @@ fn decode<E: crate::kernels::simd::Load>(
     let s = &job.shape;
     let scale = job.scale as f32;
     let group = s.h / s.hk.max(1);
-    let rows = group * s.lq;
-    let groups = s.b * s.hk;
+    // Each unit's key/value heads, and its query rows: those of each head in turn.
+    let heads = heads_per_unit(job);
+    let rows = group * s.lq * heads;
+    let groups = s.b * s.hk / heads;
     let splits = kv_splits(job);
     // Each sequence's keys split into `splits` runs (the longest run sets the scratch).
     let runs_of = |b: usize| {
@@ -691,12 +697,12 @@ fn decode<E: crate::kernels::simd::Load>(
             let taken = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
             let (o, l) = taken.expect("each unit is claimed once");
             let (kvh, split) = (unit / splits, unit % splits);
-            let (b, hk) = (kvh / s.hk, kvh % s.hk);
+            let (b, hk) = (kvh / (s.hk / heads), kvh % (s.hk / heads) * heads);
             let (span, run_keys) = runs_of(b);
             let first_key = span.start + split * run_keys;
             let keys = first_key..span.end.min(first_key + run_keys);
             let (band, lk) = (job.band(b), job.lengths(b).1);
-            // The group's query rows are contiguous: heads hk·group.., each with Lq rows.
+            // The unit's query rows are contiguous: heads hk·group.., each with Lq rows.
             let first_row = (b * s.h + hk * group) * s.lq;
             let q_rows = qv.f32s(first_row * s.d..(first_row + rows) * s.d, &mut wide);
             for (x, &y) in q.iter_mut().zip(q_rows) {
@@ -725,6 +731,9 @@ fn decode<E: crate::kernels::simd::Load>(
                 v: vv,
                 k_rows: job.kv_rows(b, hk, s.d).skipping(keys.start),
                 v_rows: job.kv_rows(b, hk, s.dv).skipping(keys.start),
+                heads,
+                // (Heads are read together only from a paged cache: a key's heads side by side.)
+                head_offsets: (s.d, s.dv),
                 lk: keys.len(),
                 d: s.d,
                 dv: s.dv,
@@ -783,12 +792,28 @@ fn longest_span(job: &Job) -> usize {
         .unwrap_or(0)
 }
 
+/// Key/value heads a decoding unit reads together: all of a sequence's where a paged cache
+/// keeps a key's heads side by side and their query rows fit the kernel (the blocks are
+/// then read in order, each once, where a unit per head read every block once per head,
+/// in rows a block's other heads apart); else one.
+#[cfg(target_arch = "x86_64")]
+fn heads_per_unit(job: &Job) -> usize {
+    use crate::kernels::attention::decode::MAX_GROUP_ROWS;
+    let s = &job.shape;
+    let paged = matches!(job.seqs, Some(Sequences::Paged { .. }));
+    if paged && s.hk > 1 && s.h * s.lq <= MAX_GROUP_ROWS {
+        s.hk
+    } else {
+        1
+    }
+}
+
 /// How many runs each decoding group's keys are split into: one where the groups alone
 /// give every thread work, else [`RUNS_PER_THREAD`] runs per thread (of at least
 /// [`MIN_RUN_KEYS`] keys).
 #[cfg(target_arch = "x86_64")]
 pub(super) fn kv_splits(job: &Job) -> usize {
-    let groups = (job.shape.b * job.shape.hk).max(1);
+    let groups = (job.shape.b * job.shape.hk / heads_per_unit(job)).max(1);
     let threads = crate::get_num_threads();
     if groups >= threads {
         return 1;
