@@ -234,3 +234,70 @@ fn large_matrices_alone_and_in_a_batch() {
     let err = common::rel_err(&common::reference(&a, &x.to_f64().unwrap(), n, 2, n), &b);
     assert!(err < 1e-12, "lu_factor {n}: {err:e}");
 }
+
+/// One matrix of order 512 or more on a pool of two threads is factored on both (faer's
+/// rayon parallelism on a pool of the library's own): every decomposition still satisfies
+/// its identity.
+#[test]
+fn one_large_matrix_factors_on_the_threads_its_batch_leaves() {
+    use common::linalg::{bmm, bt, spd};
+    use common::rel_err;
+    let _t = backends::NUM_THREADS.guard_scoped(2);
+    let (m, n) = (530, 520);
+    let bound = 1e-10;
+    let a = well_conditioned(1, n);
+    let inv = linalg::inv(&tensor(&a, &[n, n], DType::F64)).unwrap();
+    let err = rel_err(&bmm(&a, &inv.to_f64().unwrap(), 1, (n, n, n)), &eye(1, n));
+    assert!(err < bound, "A A⁻¹: {err:e}");
+    let s = spd(1, n);
+    let l = linalg::cholesky(&tensor(&s, &[n, n], DType::F64), false)
+        .unwrap()
+        .to_f64()
+        .unwrap();
+    let err = rel_err(&bmm(&l, &bt(&l, 1, n, n), 1, (n, n, n)), &s);
+    assert!(err < bound, "L Lᵀ: {err:e}");
+    let r = random(m * n);
+    let lu = linalg::lu(&tensor(&r, &[m, n], DType::F64)).unwrap();
+    let (p, l, u) = (
+        lu.p.to_f64().unwrap(),
+        lu.l.to_f64().unwrap(),
+        lu.u.to_f64().unwrap(),
+    );
+    let plu = bmm(&p, &bmm(&l, &u, 1, (m, n, n)), 1, (m, m, n));
+    assert!(rel_err(&plu, &r) < bound, "P L U");
+    let qr = linalg::qr(&tensor(&r, &[m, n], DType::F64), linalg::QrMode::Reduced).unwrap();
+    let (q, rr) = (qr.q.to_f64().unwrap(), qr.r.to_f64().unwrap());
+    assert!(rel_err(&bmm(&q, &rr, 1, (m, n, n)), &r) < bound, "Q R");
+    let qtq = bmm(&bt(&q, 1, m, n), &q, 1, (n, m, n));
+    assert!(rel_err(&qtq, &eye(1, n)) < bound, "QᵀQ");
+    let eigh = linalg::eigh(&tensor(&s, &[n, n], DType::F64), false).unwrap();
+    let (w, v) = (
+        eigh.eigenvalues.to_f64().unwrap(),
+        eigh.eigenvectors.to_f64().unwrap(),
+    );
+    let vw: Vec<f64> = v.iter().enumerate().map(|(e, x)| x * w[e % n]).collect();
+    assert!(
+        rel_err(&bmm(&s, &v, 1, (n, n, n)), &vw) < bound,
+        "A V = V W"
+    );
+    let svd = linalg::svd(&tensor(&r, &[m, n], DType::F64), false).unwrap();
+    let (u, sv, vh) = (
+        svd.u.to_f64().unwrap(),
+        svd.s.to_f64().unwrap(),
+        svd.vh.to_f64().unwrap(),
+    );
+    let us: Vec<f64> = u.iter().enumerate().map(|(e, x)| x * sv[e % n]).collect();
+    assert!(rel_err(&bmm(&us, &vh, 1, (m, n, n)), &r) < bound, "U S Vh");
+    // The factorizations ran on the library's linear-algebra threads.
+    #[cfg(target_os = "linux")]
+    {
+        let names: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.starts_with("backends-linalg")),
+            "{names:?}"
+        );
+    }
+}

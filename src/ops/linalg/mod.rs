@@ -9,9 +9,11 @@
 //! `eigh`, `eigvalsh`, `svd` and `svdvals` of a matrix holding a non-finite value (in the
 //! triangle `eigh` reads) give NaN for that matrix, as PyTorch's batched calls do.
 //!
-//! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread, each single-threaded
-//! (faer's `rayon` feature makes rayon the default of every faer call, which oversubscribed
-//! the pool: a 256 x 256 QR ran 20x slower). CUDA tensors
+//! The CPU runs `faer` (`linalg/cpu.rs`), one matrix per pool thread, each single-threaded;
+//! where a batch has fewer matrices than the pool has threads, each matrix of order 512 or
+//! more is factored on the threads left over (faer's rayon parallelism). Every faer call is
+//! given its parallelism: faer's default under its `rayon` feature, rayon for every call,
+//! oversubscribed the pool (a 256 x 256 QR ran 20x slower). CUDA tensors
 //! factor on their device through cuSOLVER (`linalg/cusolver/`, loaded at run time), which
 //! `cuda::preferred_linalg_library` (`linalg/library.rs`) keeps under every preference as
 //! MAGMA's calls are not wired in; the trace says why. On CUDA a failed factorization of
@@ -216,7 +218,8 @@ struct Share<'a, T> {
 /// Runs `work` on each of `count` batch elements over the thread pool, with outputs of
 /// `sizes` elements each (and `pivots` i32s each); the failure of the lowest batch index is
 /// the error. (Each thread takes one contiguous share: nothing is made per element up front,
-/// and a batch whose every output is empty is not walked.)
+/// and a batch whose every output is empty is not walked.) A batch smaller than the pool
+/// factors each matrix on the threads it leaves over.
 fn batched<T: Real>(
     op: &'static str,
     count: usize,
@@ -238,9 +241,12 @@ fn batched<T: Real>(
     if count == 0 || (pivots == 0 && sizes.iter().all(|&s| s == 0)) {
         return Ok((buffers, pivot_buffer));
     }
-    let parts = crate::get_num_threads().clamp(1, count);
+    let threads = crate::get_num_threads();
+    let parts = threads.clamp(1, count);
     let per = count.div_ceil(parts);
     let parts = count.div_ceil(per);
+    // Threads left over by a batch smaller than the pool go to each matrix's factorization.
+    let inner_threads = (threads / parts).max(1);
     let mut shares: Vec<Share<'_, T>> = runs(&mut pivot_buffer, parts, per, pivots)
         .into_iter()
         .enumerate()
@@ -279,7 +285,7 @@ fn batched<T: Real>(
                     pivot_runs.next().expect("a run per element")
                 },
             };
-            if let Err(failure) = work(&mut item) {
+            if let Err(failure) = cpu::with_threads(inner_threads, || work(&mut item)) {
                 let mut first = first_failure.lock().unwrap_or_else(|p| p.into_inner());
                 if first.is_none_or(|(index, _)| item.index < index) {
                     *first = Some((item.index, failure));
