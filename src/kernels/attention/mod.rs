@@ -170,8 +170,8 @@ impl Rows<'_> {
         let r = self.first + j;
         let index = match self.pages {
             None => r,
-            // (A division per row cost a paged decoding step a third of its time; blocks are
-            // powers of two in practice.)
+            // (Blocks are powers of two in practice: a shift and a mask where a division by
+            // a size known only at run time would be.)
             Some(p) if p.block.is_power_of_two() => {
                 let shift = p.block.trailing_zeros();
                 (p.table[r >> shift] << shift) + (r & (p.block - 1))

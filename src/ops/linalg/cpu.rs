@@ -36,8 +36,9 @@ thread_local! {
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
 /// threads idle (faer's rayon parallelism); smaller ones ran slower so (one f64 matrix on
-/// 2 threads of a Xeon, against 1: n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x,
-/// eigh 1.5x, SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
+/// 2 threads of a Xeon, against 1, through faer's own calls: at n = 1024 LU 1.23x, inverse
+/// 1.8x, Cholesky 1.2x, QR 1.6x, eigh 1.5x, SVD 1.45x; at n = 256 Cholesky, QR and SVD
+/// 0.64-0.77x).
 const PARALLEL_FROM: usize = 512;
 
 /// Runs `body` with the factorizations it makes on this thread using up to `threads`
@@ -53,8 +54,8 @@ pub(crate) fn with_threads<R>(threads: usize, body: impl FnOnce() -> R) -> R {
     body()
 }
 
-/// The rayon pool of `threads` threads the factorizations run on (`None` where it cannot be
-/// started: faer then hands its parallel steps to rayon's global pool).
+/// The rayon pool of `threads` threads the factorizations run on (`None` where its threads
+/// cannot be started: the factorizations then run on one thread).
 fn pool(threads: usize) -> Option<Arc<rayon::ThreadPool>> {
     static POOLS: Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>> = Mutex::new(Vec::new());
     let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
@@ -73,7 +74,9 @@ fn pool(threads: usize) -> Option<Arc<rayon::ThreadPool>> {
 /// The parallelism of a factorization of a matrix of `order` on this thread.
 fn par(order: usize) -> Par {
     match INNER_THREADS.get() {
-        threads if threads > 1 && order >= PARALLEL_FROM => Par::rayon(threads),
+        threads if threads > 1 && order >= PARALLEL_FROM && pool(threads).is_some() => {
+            Par::rayon(threads)
+        }
         _ => Par::Seq,
     }
 }
@@ -99,9 +102,9 @@ const WORKSPACE_SLACK: usize = 4096;
 
 /// Runs `body` on a faer workspace of `req`: this thread's kept one where it is large
 /// enough, which is kept for the next call while it is at most [`KEPT_BYTES`]. With rayon
-/// parallelism `body` runs on a pool of that many threads (faer's parallel steps called
-/// from outside a pool each handed their work to rayon's threads and waited: a 1024 x 1024
-/// inverse on 2 threads ran 1.4x faster than on one so, 1.8x inside the pool).
+/// parallelism `body` runs on [`pool`]'s threads: faer's parallel steps, called from outside
+/// a pool, each hand their work to rayon's threads and wait (a 1024 x 1024 SVD on 2 threads
+/// ran 1.29x one thread's speed so, 1.59x inside the pool).
 fn with_workspace<R: Send>(
     (req, par): (StackReq, Par),
     body: impl FnOnce(&mut MemStack) -> R + Send,
