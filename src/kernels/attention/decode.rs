@@ -1,10 +1,12 @@
 //! Decoding attention on x86 vector registers: the few query rows of one key/value head
-//! group (every query head of a GQA group, each with its Lq ≤ [`MAX_QUERY_ROWS`] rows)
-//! against all the keys, reading each key and value row once for the whole group, in the
-//! inputs' own dtype (f32 or bf16, widened in registers). Scores for all keys, then the
-//! softmax, then the weighted sum of the values: the key and value streams are the cost,
-//! and no query row is computed that the call does not have (the 48-row block kernel
-//! computes 48 for one).
+//! group (every query head of a GQA group, each with its Lq ≤ [`MAX_QUERY_ROWS`] rows), or
+//! of several groups whose heads a paged cache keeps side by side, against all the keys,
+//! reading each key and value row once for the whole group, in the inputs' own dtype (f32
+//! or bf16, widened in registers once per tile of rows). Scores for all keys (tiles of up
+//! to 8 query rows sharing each key vector), then the softmax, then the weighted sum of the
+//! values (tiles of rows x output vectors held in registers over a block of keys): the key
+//! and value streams are the cost, and no query row is computed that the call does not
+//! have (the 48-row block kernel computes 48 for one).
 
 use super::lanes::SoftmaxLanes;
 use super::{MaskView, Rows, finish_rows};
