@@ -14,12 +14,15 @@
 # Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048,
 #                                       the rows of issue 21, conv2d and linalg)
 #        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
+#        ONLY="linalg|conv2d" scripts/compare.sh   (the rows whose names match the
+#                                                   extended regular expression)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 read -r -a gemm_sizes <<< "${GEMM_SIZES:-1024 2048 4096}"
 read -r -a sdpa_lengths <<< "${SDPA_LENGTHS:-512 1024 2048}"
 pairs="${PAIRS:-11}"
+only="${ONLY:-}"
 threads="${OMP_NUM_THREADS:-$(nproc)}"
 export OMP_NUM_THREADS="$threads"
 
@@ -37,14 +40,20 @@ peak=$(target/release/examples/fma_peak | awk '{print $4}')
 echo "CPU side by side, $threads threads, $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "measured fp32 FMA peak: $peak GFLOP/s; $pairs pairs per work, ours and the peer alternating call by call"
 echo
-row() { # work ours theirs ratio q1 q3 scale (GFLOP/s per unit of ours and theirs)
-  local share_theirs="-" quartiles="-"
+row() { # work ours theirs ratio q1 q3 scale (GFLOP/s per unit of ours and theirs; 0: the
+         # unit is not FLOPs, no shares of the peak)
+  local share_ours="-" share_theirs="-" quartiles="-"
+  if [ "$7" != 0 ]; then
+    share_ours=$(printf %.2f "$(echo "$2 * $7 / $peak" | bc -l)")
+  fi
   if [ "$3" != "n/a" ]; then
-    share_theirs=$(printf %.2f "$(echo "$3 * $7 / $peak" | bc -l)")
+    if [ "$7" != 0 ]; then
+      share_theirs=$(printf %.2f "$(echo "$3 * $7 / $peak" | bc -l)")
+    fi
     quartiles="$5-$6"
   fi
-  printf "%-40s %8s %8s %7s %11s %6.2f %6s\n" "$1" "$2" "$3" "$4" "$quartiles" \
-    "$(echo "$2 * $7 / $peak" | bc -l)" "$share_theirs"
+  printf "%-40s %8s %8s %7s %11s %6s %6s\n" "$1" "$2" "$3" "$4" "$quartiles" \
+    "$share_ours" "$share_theirs"
 }
 printf "%-40s %8s %8s %7s %11s %6s %6s\n" work ours peer ratio quartiles ours/pk peer/pk
 
@@ -55,11 +64,19 @@ read -r openblas_lib openblas_version < <(.venv/bin/python -c "
 from threadpoolctl import threadpool_info
 import numpy
 print(next(i['filepath'] + ' ' + i['version'] for i in threadpool_info() if i['internal_api'] == 'openblas'))" 2>/dev/null || true)
-if [ -n "${openblas_lib:-}" ]; then
+f32_sizes=()
+for n in "${gemm_sizes[@]}"; do
+  if [ -z "$only" ] || echo "GEMM f32 n=$n vs OpenBLAS (GFLOP/s)" | grep -Eq -- "$only"; then
+    f32_sizes+=("$n")
+  fi
+done
+if [ ${#f32_sizes[@]} -eq 0 ]; then
+  : # (no f32 GEMM row wanted)
+elif [ -n "${openblas_lib:-}" ]; then
   echo "peer of the f32 GEMM rows: OpenBLAS $openblas_version (numpy's)"
   PAIRS="$pairs" OPENBLAS_LIB="$openblas_lib" OPENBLAS_THREAD_TIMEOUT=4 \
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
-    target/release/examples/gemm_vs_openblas "${gemm_sizes[@]}" \
+    target/release/examples/gemm_vs_openblas "${f32_sizes[@]}" \
     | sed 's/[(),:]//g' | while read -r _ n _ ours _ _ theirs _ _ _ ratio _ q1 q3; do
       row "GEMM f32 n=$n vs OpenBLAS (GFLOP/s)" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1
     done
@@ -69,8 +86,8 @@ fi
 
 # bf16 GEMM and attention: PyTorch's process drives ours.
 .venv/bin/python - "$threads" "$pairs" "$(IFS=,; echo "${gemm_sizes[*]}")" \
-  "$(IFS=,; echo "${sdpa_lengths[*]}")" target/release/examples/paired <<'PY' |
-import subprocess, sys, time
+  "$(IFS=,; echo "${sdpa_lengths[*]}")" target/release/examples/paired "$only" <<'PY' |
+import re, subprocess, sys, time
 threads, pairs = int(sys.argv[1]), int(sys.argv[2])
 gemm_sizes = [int(n) for n in sys.argv[3].split(",") if n]
 sdpa_lengths = [int(n) for n in sys.argv[4].split(",") if n]
@@ -240,6 +257,8 @@ for d in (64, 128):
                       f"sdpa f32 {d} {l} 0 mask", 4 * 2 * 16 * l * l * d / 1e12,
                       lambda d=d, l=l: torch_sdpa_mask(d, l)))
 for name, line, work, make in works:
+    if sys.argv[6] and not re.search(sys.argv[6], name):
+        continue
     theirs = make() if torch else None
     ours_call(line)
     if theirs:
@@ -267,7 +286,8 @@ PY
 while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
   case "$name" in
     peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
-    GEMM*|FFT*|linear*|decode*|einsum*|MHA*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    GEMM*|FFT*|linear*|*decode*|einsum*|MHA*|conv2d*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
+    linalg*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 0 ;;
     *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;
   esac
 done
