@@ -1,12 +1,13 @@
 //! One matrix at a time on the CPU, through `faer`: each function reads a row-major matrix
 //! and writes its row-major results into the slices it is given (one batch element of the
-//! caller's outputs).
+//! caller's outputs). Every buffer a factorization needs (scratch, faer's workspace) is
+//! allocated fallibly: a failed allocation is [`Failure::OutOfMemory`].
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::thread::LocalKey;
 
-use faer::diag::Diag;
+use faer::diag::DiagMut;
 use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
 use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::lu::partial_pivoting;
@@ -14,10 +15,43 @@ use faer::linalg::qr::no_pivoting::factor as qr_factor;
 use faer::linalg::svd::ComputeSvdVectors;
 use faer::linalg::{evd, householder, svd as svd_of, triangular_solve as triangular};
 use faer::perm::PermRef;
-use faer::{Conj, Mat, MatMut, MatRef, Par};
+use faer::{Conj, MatMut, MatRef, Par};
 
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::Element;
+
+/// Why a factorization of one matrix failed: the matrix (PyTorch's `LinAlgError`) or an
+/// allocation of its scratch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Failure {
+    LinAlg(LinAlgFailure),
+    OutOfMemory { bytes: u64 },
+}
+
+impl From<LinAlgFailure> for Failure {
+    fn from(failure: LinAlgFailure) -> Self {
+        Failure::LinAlg(failure)
+    }
+}
+
+/// `len` copies of `value` in a fallibly allocated vector.
+fn filled<X: Clone>(len: usize, value: X) -> Result<Vec<X>, Failure> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Failure::OutOfMemory {
+        bytes: (len as u64).saturating_mul(size_of::<X>() as u64),
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+/// The `rows x cols` identity, column-major, in a fallibly allocated vector.
+fn identity<T: Real>(rows: usize, cols: usize) -> Result<Vec<T>, Failure> {
+    let mut x = filled(rows * cols, T::from_f64(0.0))?;
+    for i in 0..rows.min(cols) {
+        x[i * rows + i] = T::from_f64(1.0);
+    }
+    Ok(x)
+}
 
 /// The element types `faer` factors here: f32 and f64.
 pub(crate) trait Real: Element + faer::traits::RealField {
@@ -108,12 +142,14 @@ const WORKSPACE_SLACK: usize = 4096;
 fn with_workspace<R: Send>(
     (req, par): (StackReq, Par),
     body: impl FnOnce(&mut MemStack) -> R + Send,
-) -> R {
-    let wanted = req.size_bytes() + WORKSPACE_SLACK;
-    let mut buffer = WORKSPACE
-        .take()
-        .filter(|b| b.len() >= wanted)
-        .unwrap_or_else(|| MemBuffer::new(req.and(StackReq::new::<u8>(WORKSPACE_SLACK))));
+) -> Result<R, Failure> {
+    let req = req.and(StackReq::new::<u8>(WORKSPACE_SLACK));
+    let mut buffer = match WORKSPACE.take().filter(|b| b.len() >= req.size_bytes()) {
+        Some(kept) => kept,
+        None => MemBuffer::try_new(req).map_err(|_| Failure::OutOfMemory {
+            bytes: req.size_bytes() as u64,
+        })?,
+    };
     let stack = MemStack::new(&mut buffer);
     let result = match par {
         Par::Rayon(threads) => match pool(threads.get()) {
@@ -125,15 +161,18 @@ fn with_workspace<R: Send>(
     if buffer.len() <= KEPT_BYTES {
         WORKSPACE.set(Some(buffer));
     }
-    result
+    Ok(result)
 }
 
 /// Runs `body` on `len` elements of this thread's scratch buffer (holding whatever the last
 /// use left), which is kept for the next call while it is at most [`KEPT_BYTES`].
-fn with_scratch<T: Real, R>(len: usize, body: impl FnOnce(&mut [T]) -> R) -> R {
+fn with_scratch<T: Real, R>(
+    len: usize,
+    body: impl FnOnce(&mut [T]) -> Result<R, Failure>,
+) -> Result<R, Failure> {
     let mut buffer = T::kept().take();
     if buffer.len() < len {
-        buffer.resize(len, T::from_f64(0.0));
+        buffer = filled(len, T::from_f64(0.0))?;
     }
     let result = body(&mut buffer[..len]);
     if buffer.len() * size_of::<T>() <= KEPT_BYTES {
@@ -195,8 +234,8 @@ fn transpose_into<T: Copy>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T
 fn column_major<T: Real, R>(
     a: &[T],
     (m, n): (usize, usize),
-    body: impl FnOnce(MatRef<'_, T>) -> R,
-) -> R {
+    body: impl FnOnce(MatRef<'_, T>) -> Result<R, Failure>,
+) -> Result<R, Failure> {
     with_scratch(m * n, |buffer: &mut [T]| {
         transpose_into(a, (m, n), buffer);
         body(MatRef::from_column_major_slice(buffer, m, n))
@@ -227,9 +266,9 @@ fn factor_in_place<T: Real, R: Send>(
     mut lu: MatMut<'_, T>,
     (extra, par): (StackReq, Par),
     then: impl FnOnce(MatRef<'_, T>, PermRef<'_, usize>, &mut MemStack) -> R + Send,
-) -> R {
+) -> Result<R, Failure> {
     let (m, n) = (lu.nrows(), lu.ncols());
-    let (mut forward, mut inverse) = (vec![0usize; m], vec![0usize; m]);
+    let (mut forward, mut inverse) = (filled(m, 0usize)?, filled(m, 0usize)?);
     let req =
         partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default())
             .or(extra);
@@ -247,7 +286,7 @@ fn factor_in_place<T: Real, R: Send>(
 }
 
 /// `A⁻¹` of the `n × n` matrix `a`.
-pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), LinAlgFailure> {
+pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failure> {
     // Row-major A read column-major is Aᵀ, and (Aᵀ)⁻¹ written column-major is A⁻¹ row-major:
     // the factors of Aᵀ, in this thread's kept scratch, give the inverse with no transposes
     // (two transposes took a ninth of a 1024 x 1024 inverse).
@@ -272,15 +311,17 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), LinAl
             );
             None
         })
-    });
+    })?;
     let Some(zero) = zero else { return Ok(()) };
     // Singular: the zero diagonal element named is that of A's own factors, as PyTorch's.
-    let (mut packed, mut pivots) = (vec![T::from_f64(0.0); n * n], vec![0; n]);
-    match lu_factor(a, (n, n), &mut packed, &mut pivots) {
-        Err(LinAlgFailure::ZeroPivot { index }) => Err(LinAlgFailure::Singular { diagonal: index }),
+    let (mut packed, mut pivots) = (filled(n * n, T::from_f64(0.0))?, filled(n, 0)?);
+    let diagonal = match lu_factor(a, (n, n), &mut packed, &mut pivots) {
+        Err(Failure::LinAlg(LinAlgFailure::ZeroPivot { index })) => index,
+        Err(Failure::OutOfMemory { bytes }) => return Err(Failure::OutOfMemory { bytes }),
         // (Rounding can leave A's own factors without a zero where Aᵀ's have one.)
-        _ => Err(LinAlgFailure::Singular { diagonal: zero }),
-    }
+        _ => zero,
+    };
+    Err(LinAlgFailure::Singular { diagonal }.into())
 }
 
 /// The Cholesky factor of `a` (`n × n`), read from and returned as the lower triangle, or
@@ -290,7 +331,7 @@ pub(crate) fn cholesky<T: Real>(
     n: usize,
     upper: bool,
     out: &mut [T],
-) -> Result<(), LinAlgFailure> {
+) -> Result<(), Failure> {
     // Factored in place in `out`, where faer reads and writes the lower triangle: of A
     // itself for the lower form (a row-major view), of Aᵀ for the upper one (the column-major
     // view of A); faer's own column-major copy of the input cost as long as the
@@ -305,7 +346,7 @@ pub(crate) fn cholesky<T: Real>(
     let req = llt::cholesky_in_place_scratch::<T>(n, par, Default::default());
     with_workspace((req, par), |stack| {
         llt::cholesky_in_place(view, Default::default(), par, stack, Default::default())
-    })
+    })?
     .map_err(|e| match e {
         llt::LltError::NonPositivePivot { index } => {
             LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
@@ -336,12 +377,27 @@ pub(crate) fn cholesky_solve<T: Real>(
     k: usize,
     upper: bool,
     out: &mut [T],
-) {
+) -> Result<(), Failure> {
     let l = lower_factor(factor, n, upper);
-    let mut x = MatRef::from_row_major_slice(b, n, k).to_owned();
-    triangular::solve_lower_triangular_in_place(l, x.as_mut(), Par::Seq);
-    triangular::solve_upper_triangular_in_place(l.transpose(), x.as_mut(), Par::Seq);
-    store(x.as_ref(), out);
+    with_column_major(b, (n, k), |mut x| {
+        triangular::solve_lower_triangular_in_place(l, x.as_mut(), Par::Seq);
+        triangular::solve_upper_triangular_in_place(l.transpose(), x.as_mut(), Par::Seq);
+        store(x.as_ref(), out);
+    })
+}
+
+/// Runs `body` on the row-major `rows × cols` matrix `b` copied column-major into this
+/// thread's scratch, as a matrix to solve in place.
+fn with_column_major<T: Real>(
+    b: &[T],
+    (rows, cols): (usize, usize),
+    body: impl FnOnce(MatMut<'_, T>),
+) -> Result<(), Failure> {
+    with_scratch(rows * cols, |buffer: &mut [T]| {
+        transpose_into(b, (rows, cols), buffer);
+        body(MatMut::from_column_major_slice_mut(buffer, rows, cols));
+        Ok(())
+    })
 }
 
 /// `(L Lᵀ)⁻¹` from the Cholesky factor (`n × n`).
@@ -350,12 +406,13 @@ pub(crate) fn cholesky_inverse<T: Real>(
     n: usize,
     upper: bool,
     out: &mut [T],
-) -> Result<(), LinAlgFailure> {
+) -> Result<(), Failure> {
     let l = lower_factor(factor, n, upper);
     if let Some(diagonal) = zero_diagonal(l) {
-        return Err(LinAlgFailure::Singular { diagonal });
+        return Err(LinAlgFailure::Singular { diagonal }.into());
     }
-    let mut x = Mat::<T>::identity(n, n);
+    let mut x = identity::<T>(n, n)?;
+    let mut x = MatMut::from_column_major_slice_mut(&mut x, n, n);
     triangular::solve_lower_triangular_in_place(l, x.as_mut(), Par::Seq);
     triangular::solve_upper_triangular_in_place(l.transpose(), x.as_mut(), Par::Seq);
     store(x.as_ref(), out);
@@ -386,21 +443,25 @@ pub(crate) fn lu_factor<T: Real>(
     (m, n): (usize, usize),
     packed: &mut [T],
     pivots: &mut [i32],
-) -> Result<(), LinAlgFailure> {
+) -> Result<(), Failure> {
     // Factored in place, column-major (faer's fast layout).
     transpose_into(a, (m, n), packed);
     let lu = MatMut::from_column_major_slice_mut(packed, m, n);
     factor_in_place(lu, (StackReq::EMPTY, par(m.max(n))), |lu, perm, _| {
         if let Some(index) = zero_diagonal(lu) {
-            return Err(LinAlgFailure::ZeroPivot { index });
+            return Err(LinAlgFailure::ZeroPivot { index }.into());
         }
         pivots_of(perm.arrays().0, m.min(n), pivots);
         Ok(())
-    })
+    })?
 }
 
 /// `A = P L U` of `a` (`m × n`): `P` (`m × m`), `L` (`m × k`), `U` (`k × n`), `k = min(m, n)`.
-pub(crate) fn lu<T: Real>(a: &[T], (m, n): (usize, usize), [p, l, u]: [&mut [T]; 3]) {
+pub(crate) fn lu<T: Real>(
+    a: &[T],
+    (m, n): (usize, usize),
+    [p, l, u]: [&mut [T]; 3],
+) -> Result<(), Failure> {
     let k = m.min(n);
     with_scratch(m * n, |factors: &mut [T]| {
         transpose_into(a, (m, n), factors);
@@ -418,8 +479,8 @@ pub(crate) fn lu<T: Real>(a: &[T], (m, n): (usize, usize), [p, l, u]: [&mut [T];
                 l[i * k + i + 1..(i + 1) * k].fill(T::from_f64(0.0));
                 u[i * n..i * n + i].fill(T::from_f64(0.0));
             }
-        });
-    });
+        })
+    })
 }
 
 /// Solves `A X = B`, or `Aᵀ X = B` with `adjoint` (`B` is `n × k`), from `lu_factor`'s
@@ -431,28 +492,29 @@ pub(crate) fn lu_solve<T: Real>(
     b: &[T],
     (n, k): (usize, usize),
     out: &mut [T],
-) {
-    let mut x = MatRef::from_row_major_slice(b, n, k).to_owned();
+) -> Result<(), Failure> {
     let lu = if column_major {
         MatRef::from_column_major_slice(packed, n, n)
     } else {
         MatRef::from_row_major_slice(packed, n, n)
     };
-    if adjoint {
-        // Uᵀ is lower triangular, Lᵀ unit upper; Pᵀ undoes the swaps in reverse.
-        triangular::solve_lower_triangular_in_place(lu.transpose(), x.as_mut(), Par::Seq);
-        triangular::solve_unit_upper_triangular_in_place(lu.transpose(), x.as_mut(), Par::Seq);
-        for (i, &pivot) in pivots.iter().enumerate().rev() {
-            swap_rows(x.as_mut(), i, pivot);
+    with_column_major(b, (n, k), |mut x| {
+        if adjoint {
+            // Uᵀ is lower triangular, Lᵀ unit upper; Pᵀ undoes the swaps in reverse.
+            triangular::solve_lower_triangular_in_place(lu.transpose(), x.as_mut(), Par::Seq);
+            triangular::solve_unit_upper_triangular_in_place(lu.transpose(), x.as_mut(), Par::Seq);
+            for (i, &pivot) in pivots.iter().enumerate().rev() {
+                swap_rows(x.as_mut(), i, pivot);
+            }
+        } else {
+            for (i, &pivot) in pivots.iter().enumerate() {
+                swap_rows(x.as_mut(), i, pivot);
+            }
+            triangular::solve_unit_lower_triangular_in_place(lu, x.as_mut(), Par::Seq);
+            triangular::solve_upper_triangular_in_place(lu, x.as_mut(), Par::Seq);
         }
-    } else {
-        for (i, &pivot) in pivots.iter().enumerate() {
-            swap_rows(x.as_mut(), i, pivot);
-        }
-        triangular::solve_unit_lower_triangular_in_place(lu, x.as_mut(), Par::Seq);
-        triangular::solve_upper_triangular_in_place(lu, x.as_mut(), Par::Seq);
-    }
-    store(x.as_ref(), out);
+        store(x.as_ref(), out);
+    })
 }
 
 /// Swaps row `i` of `x` with row `pivot` (from 1, LAPACK's), where that is another row.
@@ -475,13 +537,14 @@ pub(crate) fn qr<T: Real>(
     complete: bool,
     q: Option<&mut [T]>,
     r: &mut [T],
-) {
+) -> Result<(), Failure> {
     let (k, par) = (m.min(n), par(m.max(n)));
     let block = qr_factor::recommended_block_size::<T>(m, n);
     with_scratch(m * n, |factors: &mut [T]| {
         transpose_into(a, (m, n), factors);
         let mut factors = MatMut::from_column_major_slice_mut(factors, m, n);
-        let mut coefficients = Mat::<T>::zeros(block, k);
+        let mut coefficients = filled(block * k, T::from_f64(0.0))?;
+        let mut coefficients = MatMut::from_column_major_slice_mut(&mut coefficients, block, k);
         let req = qr_factor::qr_in_place_scratch::<T>(m, n, block, par, Default::default());
         with_workspace((req, par), |stack| {
             qr_factor::qr_in_place(
@@ -491,14 +554,14 @@ pub(crate) fn qr<T: Real>(
                 stack,
                 Default::default(),
             )
-        });
+        })?;
         // R on and above the diagonal; the Householder vectors below it.
         let rows = if complete { m } else { k };
         store(factors.as_ref().get(..rows, ..), r);
         for i in 0..rows {
             r[i * n..i * n + i.min(n)].fill(T::from_f64(0.0));
         }
-        let Some(q) = q else { return };
+        let Some(q) = q else { return Ok(()) };
         // Q: the reflections applied to the identity; each vector has an implicit unit head.
         let mut basis = factors.get_mut(.., ..k);
         for j in 0..k {
@@ -508,7 +571,8 @@ pub(crate) fn qr<T: Real>(
             }
         }
         let columns = if complete { m } else { k };
-        let mut x = Mat::<T>::identity(m, columns);
+        let mut x = identity::<T>(m, columns)?;
+        let mut x = MatMut::from_column_major_slice_mut(&mut x, m, columns);
         let req = householder::apply_block_householder_sequence_on_the_left_in_place_scratch::<T>(
             m, block, columns,
         );
@@ -521,9 +585,10 @@ pub(crate) fn qr<T: Real>(
                 par,
                 stack,
             )
-        });
+        })?;
         store(x.as_ref(), q);
-    });
+        Ok(())
+    })
 }
 
 /// Eigenvalues (ascending) and, with `vectors`, eigenvectors (columns) of the symmetric
@@ -534,7 +599,7 @@ pub(crate) fn eigh<T: Real>(
     upper: bool,
     values: &mut [T],
     vectors: Option<&mut [T]>,
-) -> Result<(), LinAlgFailure> {
+) -> Result<(), Failure> {
     if n == 0 {
         return Ok(()); // (faer's eigensolver needs a row.)
     }
@@ -559,19 +624,23 @@ pub(crate) fn eigh<T: Real>(
         Some(_) => evd::ComputeEigenvectors::Yes,
         None => evd::ComputeEigenvectors::No,
     };
-    let mut s = Diag::<T>::zeros(n);
-    let mut u = vectors.as_ref().map(|_| Mat::<T>::zeros(n, n));
+    // The eigenvalues go straight into `values`; the eigenvectors (column-major) are
+    // stored row-major after.
+    let mut u = match vectors {
+        Some(_) => Some(filled(n * n, T::from_f64(0.0))?),
+        None => None,
+    };
     let req = evd::self_adjoint_evd_scratch::<T>(n, compute, par, Default::default());
     with_workspace((req, par), |stack| {
-        let u = u.as_mut().map(|u| u.as_mut());
-        evd::self_adjoint_evd(a, s.as_mut(), u, par, stack, Default::default())
-    })
+        let u = u
+            .as_mut()
+            .map(|u| MatMut::from_column_major_slice_mut(u, n, n));
+        let s = DiagMut::from_slice_mut(values);
+        evd::self_adjoint_evd(a, s, u, par, stack, Default::default())
+    })?
     .map_err(|_| LinAlgFailure::NoConvergence)?;
-    for (i, v) in values.iter_mut().enumerate() {
-        *v = s[i];
-    }
     if let (Some(vectors), Some(u)) = (vectors, u) {
-        store(u.as_ref(), vectors);
+        store(MatRef::from_column_major_slice(&u, n, n), vectors);
     }
     Ok(())
 }
@@ -584,7 +653,7 @@ pub(crate) fn svd<T: Real>(
     full: bool,
     values: &mut [T],
     vectors: Option<[&mut [T]; 2]>,
-) -> Result<(), LinAlgFailure> {
+) -> Result<(), Failure> {
     if a.iter().any(|x| !x.to_f64().is_finite()) {
         fill_nan(values);
         for v in vectors.into_iter().flatten() {
@@ -599,34 +668,63 @@ pub(crate) fn svd<T: Real>(
         (Some(_), false) => ComputeSvdVectors::Thin,
     };
     let (cu, cv) = if full { (m, n) } else { (k, k) };
-    let mut uv = vectors
-        .as_ref()
-        .map(|_| (Mat::<T>::zeros(m, cu), Mat::<T>::zeros(n, cv)));
-    let mut s = Diag::<T>::zeros(k);
+    // The singular values go straight into `values`; U and V (column-major) are stored
+    // row-major after.
+    let mut uv = match vectors {
+        Some(_) => Some((
+            filled(m * cu, T::from_f64(0.0))?,
+            filled(n * cv, T::from_f64(0.0))?,
+        )),
+        None => None,
+    };
     column_major(a, (m, n), |a| {
         let req = svd_of::svd_scratch::<T>(m, n, compute, compute, par, Default::default());
         with_workspace((req, par), |stack| {
             let (u, v) = match uv.as_mut() {
-                Some((u, v)) => (Some(u.as_mut()), Some(v.as_mut())),
+                Some((u, v)) => (
+                    Some(MatMut::from_column_major_slice_mut(u, m, cu)),
+                    Some(MatMut::from_column_major_slice_mut(v, n, cv)),
+                ),
                 None => (None, None),
             };
-            svd_of::svd(a, s.as_mut(), u, v, par, stack, Default::default())
+            let s = DiagMut::from_slice_mut(values);
+            svd_of::svd(a, s, u, v, par, stack, Default::default())
         })
-    })
+    })?
     .map_err(|_| LinAlgFailure::NoConvergence)?;
-    for (i, v) in values.iter_mut().enumerate() {
-        *v = s[i];
-    }
     if let (Some([u_out, vh_out]), Some((u, v))) = (vectors, uv) {
-        store(u.as_ref(), u_out);
-        store_transposed(v.as_ref(), vh_out);
+        store(MatRef::from_column_major_slice(&u, m, cu), u_out);
+        store_transposed(MatRef::from_column_major_slice(&v, n, cv), vh_out);
     }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::pivots_of;
+    use super::{Failure, StackReq, pivots_of, with_scratch, with_workspace};
+    use faer::Par;
+
+    #[test]
+    fn scratch_and_workspace_past_memory_are_typed_failures() {
+        // Neither size can be allocated (more than the address space holds): the failure
+        // comes back instead of an abort, and nothing runs.
+        let scratch = with_scratch::<f64, ()>(usize::MAX / 4, |_| unreachable!("not run"));
+        assert!(
+            matches!(scratch, Err(Failure::OutOfMemory { bytes }) if bytes >= u64::MAX / 2),
+            "{scratch:?}"
+        );
+        let req = StackReq::new::<f64>(usize::MAX / 16);
+        let workspace: Result<(), _> = with_workspace((req, Par::Seq), |_| unreachable!("not run"));
+        assert!(
+            matches!(workspace, Err(Failure::OutOfMemory { .. })),
+            "{workspace:?}"
+        );
+        // And a size that fits still runs, on the thread's kept buffers.
+        assert_eq!(
+            with_scratch::<f32, usize>(17, |b| Ok(b.len())).ok(),
+            Some(17)
+        );
+    }
 
     #[test]
     fn pivots_replay_the_row_order() {

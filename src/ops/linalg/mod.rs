@@ -45,9 +45,8 @@ pub mod library;
 
 use std::sync::Mutex;
 
-use cpu::Real;
+use cpu::{Failure, Real};
 
-use crate::core::error::LinAlgFailure;
 use crate::core::tensor::{checked_numel, host_zeros};
 use crate::core::trace::{self, Call};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -225,7 +224,7 @@ fn batched<T: Real>(
     count: usize,
     sizes: &[usize],
     pivots: usize,
-    work: impl Fn(&mut Item<'_, T>) -> Result<(), LinAlgFailure> + Sync,
+    work: impl Fn(&mut Item<'_, T>) -> Result<(), Failure> + Sync,
 ) -> Result<(Vec<Vec<T>>, Vec<i32>)> {
     let total = |size: usize| {
         size.checked_mul(count).ok_or_else(|| Error::ShapeMismatch {
@@ -262,7 +261,7 @@ fn batched<T: Real>(
             share.outs.push(run);
         }
     }
-    let first_failure: Mutex<Option<(usize, LinAlgFailure)>> = Mutex::new(None);
+    let first_failure: Mutex<Option<(usize, Failure)>> = Mutex::new(None);
     let run = |share: Share<'_, T>| {
         let Share {
             first,
@@ -300,10 +299,15 @@ fn batched<T: Real>(
         .into_inner()
         .unwrap_or_else(|p| p.into_inner())
     {
-        Some((index, failure)) => Err(Error::LinAlg {
+        Some((index, Failure::LinAlg(failure))) => Err(Error::LinAlg {
             op,
             batch: (count > 1).then_some(index),
             failure,
+        }),
+        Some((_, Failure::OutOfMemory { bytes })) => Err(Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes,
+            why: format!("{op}: the factorization's scratch could not be allocated"),
         }),
         None => Ok((buffers, pivot_buffer)),
     }
@@ -510,8 +514,7 @@ pub fn cholesky_solve(b: &Tensor, factor: &Tensor, upper: bool) -> Result<Tensor
             let (rhs, l) = (b.elements::<T>()?, factor.elements::<T>()?);
             let (mut outs, _) = batched::<T>(OP, pairs.len(), &[n * k], 0, |item| {
                 let [ib, il] = pairs[item.index];
-                cpu::cholesky_solve(&rhs[ib * n * k..][..n * k], &l[il * n * n..][..n * n], n, k, upper, item.outs[0]);
-                Ok(())
+                cpu::cholesky_solve(&rhs[ib * n * k..][..n * k], &l[il * n * n..][..n * n], n, k, upper, item.outs[0])
             })?;
             output(outs.remove(0), dims.iter().copied().chain([n, k]).collect())
         })
@@ -575,8 +578,7 @@ pub fn lu(a: &Tensor) -> Result<Lu> {
             let (outs, _) = batched::<T>(OP, batch.count, &[m * m, m * k, k * n], 0, |item| {
                 let i = item.index;
                 let [p, l, u] = &mut item.outs[..] else { unreachable!("three outputs") };
-                cpu::lu(&data[i * m * n..][..m * n], (m, n), [p, l, u]);
-                Ok(())
+                cpu::lu(&data[i * m * n..][..m * n], (m, n), [p, l, u])
             })?;
             let [p, l, u] = <[Vec<T>; 3]>::try_from(outs).map_err(|_| unreachable!())?;
             Ok(Lu {
@@ -676,8 +678,7 @@ fn solve_left(factors: &LuFactor, b: &Tensor, adjoint: bool, left: bool) -> Resu
                     &rhs[ib * n * k..][..n * k],
                     (n, k),
                     item.outs[0],
-                );
-                Ok(())
+                )
             })?;
             output(outs.remove(0), dims.iter().copied().chain([n, k]).collect())
         })
@@ -715,8 +716,7 @@ pub fn qr(a: &Tensor, mode: QrMode) -> Result<Qr> {
                 let i = item.index;
                 let [q, r] = &mut item.outs[..] else { unreachable!("two outputs") };
                 let q = (mode != QrMode::R).then_some(&mut **q);
-                cpu::qr(&data[i * m * n..][..m * n], (m, n), complete, q, r);
-                Ok(())
+                cpu::qr(&data[i * m * n..][..m * n], (m, n), complete, q, r)
             })?;
             let [q, r] = <[Vec<T>; 2]>::try_from(outs).map_err(|_| unreachable!())?;
             let q_shape = if mode == QrMode::R { vec![0] } else { batch.shape(&[m, q_cols]) };
