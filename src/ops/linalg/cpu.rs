@@ -1,7 +1,7 @@
 //! One matrix at a time on the CPU, through `faer`: each function reads a row-major matrix
 //! and writes its row-major results into the slices it is given (one batch element of the
 //! caller's outputs). Every buffer a factorization needs (scratch, faer's workspace) is
-//! allocated fallibly: a failed allocation is [`Failure::OutOfMemory`].
+//! allocated fallibly: a failed allocation is [`Failure::Memory`].
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
@@ -18,14 +18,18 @@ use faer::perm::PermRef;
 use faer::{Conj, MatMut, MatRef, Par};
 
 use crate::core::error::LinAlgFailure;
-use crate::core::tensor::Element;
+use crate::core::tensor::{Element, host_zeros};
+use crate::{Device, Error};
+
+/// What the scratch of a factorization is called in an out-of-memory error.
+const SCRATCH: &str = "linalg: a factorization's scratch";
 
 /// Why a factorization of one matrix failed: the matrix (PyTorch's `LinAlgError`) or an
-/// allocation of its scratch.
-#[derive(Debug, Clone, Copy)]
+/// allocation of its scratch (`Error::OutOfMemory`).
+#[derive(Debug)]
 pub(crate) enum Failure {
     LinAlg(LinAlgFailure),
-    OutOfMemory { bytes: u64 },
+    Memory(Error),
 }
 
 impl From<LinAlgFailure> for Failure {
@@ -34,19 +38,15 @@ impl From<LinAlgFailure> for Failure {
     }
 }
 
-/// `len` copies of `value` in a fallibly allocated vector.
-fn filled<X: Clone>(len: usize, value: X) -> Result<Vec<X>, Failure> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| Failure::OutOfMemory {
-        bytes: (len as u64).saturating_mul(size_of::<X>() as u64),
-    })?;
-    v.resize(len, value);
-    Ok(v)
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Failure::Memory(error)
+    }
 }
 
 /// The `rows x cols` identity, column-major, in a fallibly allocated vector.
 fn identity<T: Real>(rows: usize, cols: usize) -> Result<Vec<T>, Failure> {
-    let mut x = filled(rows * cols, T::from_f64(0.0))?;
+    let mut x = host_zeros::<T>(SCRATCH, rows * cols)?;
     for i in 0..rows.min(cols) {
         x[i * rows + i] = T::from_f64(1.0);
     }
@@ -146,8 +146,10 @@ fn with_workspace<R: Send>(
     let req = req.and(StackReq::new::<u8>(WORKSPACE_SLACK));
     let mut buffer = match WORKSPACE.take().filter(|b| b.len() >= req.size_bytes()) {
         Some(kept) => kept,
-        None => MemBuffer::try_new(req).map_err(|_| Failure::OutOfMemory {
+        None => MemBuffer::try_new(req).map_err(|_| Error::OutOfMemory {
+            device: Device::Cpu,
             bytes: req.size_bytes() as u64,
+            why: "linalg: faer's workspace: the allocation failed".into(),
         })?,
     };
     let stack = MemStack::new(&mut buffer);
@@ -172,7 +174,7 @@ fn with_scratch<T: Real, R>(
 ) -> Result<R, Failure> {
     let mut buffer = T::kept().take();
     if buffer.len() < len {
-        buffer = filled(len, T::from_f64(0.0))?;
+        buffer = host_zeros(SCRATCH, len)?;
     }
     let result = body(&mut buffer[..len]);
     if buffer.len() * size_of::<T>() <= KEPT_BYTES {
@@ -268,7 +270,7 @@ fn factor_in_place<T: Real, R: Send>(
     then: impl FnOnce(MatRef<'_, T>, PermRef<'_, usize>, &mut MemStack) -> R + Send,
 ) -> Result<R, Failure> {
     let (m, n) = (lu.nrows(), lu.ncols());
-    let (mut forward, mut inverse) = (filled(m, 0usize)?, filled(m, 0usize)?);
+    let (mut forward, mut inverse) = (host_zeros(SCRATCH, m)?, host_zeros(SCRATCH, m)?);
     let req =
         partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default())
             .or(extra);
@@ -314,10 +316,10 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
     })?;
     let Some(zero) = zero else { return Ok(()) };
     // Singular: the zero diagonal element named is that of A's own factors, as PyTorch's.
-    let (mut packed, mut pivots) = (filled(n * n, T::from_f64(0.0))?, filled(n, 0)?);
+    let (mut packed, mut pivots) = (host_zeros(SCRATCH, n * n)?, host_zeros(SCRATCH, n)?);
     let diagonal = match lu_factor(a, (n, n), &mut packed, &mut pivots) {
         Err(Failure::LinAlg(LinAlgFailure::ZeroPivot { index })) => index,
-        Err(Failure::OutOfMemory { bytes }) => return Err(Failure::OutOfMemory { bytes }),
+        Err(memory @ Failure::Memory(_)) => return Err(memory),
         // (Rounding can leave A's own factors without a zero where Aᵀ's have one.)
         _ => zero,
     };
@@ -543,7 +545,7 @@ pub(crate) fn qr<T: Real>(
     with_scratch(m * n, |factors: &mut [T]| {
         transpose_into(a, (m, n), factors);
         let mut factors = MatMut::from_column_major_slice_mut(factors, m, n);
-        let mut coefficients = filled(block * k, T::from_f64(0.0))?;
+        let mut coefficients = host_zeros::<T>(SCRATCH, block * k)?;
         let mut coefficients = MatMut::from_column_major_slice_mut(&mut coefficients, block, k);
         let req = qr_factor::qr_in_place_scratch::<T>(m, n, block, par, Default::default());
         with_workspace((req, par), |stack| {
@@ -627,7 +629,7 @@ pub(crate) fn eigh<T: Real>(
     // The eigenvalues go straight into `values`; the eigenvectors (column-major) are
     // stored row-major after.
     let mut u = match vectors {
-        Some(_) => Some(filled(n * n, T::from_f64(0.0))?),
+        Some(_) => Some(host_zeros::<T>(SCRATCH, n * n)?),
         None => None,
     };
     let req = evd::self_adjoint_evd_scratch::<T>(n, compute, par, Default::default());
@@ -672,8 +674,8 @@ pub(crate) fn svd<T: Real>(
     // row-major after.
     let mut uv = match vectors {
         Some(_) => Some((
-            filled(m * cu, T::from_f64(0.0))?,
-            filled(n * cv, T::from_f64(0.0))?,
+            host_zeros::<T>(SCRATCH, m * cu)?,
+            host_zeros::<T>(SCRATCH, n * cv)?,
         )),
         None => None,
     };
@@ -701,7 +703,7 @@ pub(crate) fn svd<T: Real>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Failure, StackReq, pivots_of, with_scratch, with_workspace};
+    use super::{Error, Failure, StackReq, pivots_of, with_scratch, with_workspace};
     use faer::Par;
 
     #[test]
@@ -710,13 +712,13 @@ mod tests {
         // comes back instead of an abort, and nothing runs.
         let scratch = with_scratch::<f64, ()>(usize::MAX / 4, |_| unreachable!("not run"));
         assert!(
-            matches!(scratch, Err(Failure::OutOfMemory { bytes }) if bytes >= u64::MAX / 2),
+            matches!(scratch, Err(Failure::Memory(Error::OutOfMemory { bytes, .. })) if bytes >= u64::MAX / 2),
             "{scratch:?}"
         );
         let req = StackReq::new::<f64>(usize::MAX / 16);
         let workspace: Result<(), _> = with_workspace((req, Par::Seq), |_| unreachable!("not run"));
         assert!(
-            matches!(workspace, Err(Failure::OutOfMemory { .. })),
+            matches!(workspace, Err(Failure::Memory(Error::OutOfMemory { .. }))),
             "{workspace:?}"
         );
         // And a size that fits still runs, on the thread's kept buffers.

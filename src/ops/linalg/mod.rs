@@ -286,7 +286,7 @@ fn batched<T: Real>(
             };
             if let Err(failure) = cpu::with_threads(inner_threads, || work(&mut item)) {
                 let mut first = first_failure.lock().unwrap_or_else(|p| p.into_inner());
-                if first.is_none_or(|(index, _)| item.index < index) {
+                if first.as_ref().is_none_or(|(index, _)| item.index < *index) {
                     *first = Some((item.index, failure));
                 }
                 // (The lowest failing index of this share is found: later ones lose to it.)
@@ -304,11 +304,7 @@ fn batched<T: Real>(
             batch: (count > 1).then_some(index),
             failure,
         }),
-        Some((_, Failure::OutOfMemory { bytes })) => Err(Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes,
-            why: format!("{op}: the factorization's scratch could not be allocated"),
-        }),
+        Some((_, Failure::Memory(error))) => Err(error),
         None => Ok((buffers, pivot_buffer)),
     }
 }
