@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Side by side with PyTorch on the same inputs: every `backends::linalg` op on fresh random
 # f64 batches (square and rectangular, SPD where the op needs it, singular and indefinite
-# ones for the errors), through examples/linalg_io.rs, against torch.linalg. Results that
-# are unique are compared directly (inv, cholesky, lu_factor's LU and pivots, lu's P/L/U,
-# eigenvalues, singular values, solves); the others up to what fixes them (QR's and the
-# singular vectors' signs, eigenvectors' signs): R and Q with diag(R) >= 0, |Vᵀ V_torch| = I.
+# ones for the errors; LU and inverse of single matrices of order >= 512 too, which are
+# factored in panels on the library's threads), through examples/linalg_io.rs, against
+# torch.linalg. Results that are unique are compared directly (inv, cholesky, lu_factor's
+# LU and pivots, lu's P/L/U, eigenvalues, singular values, solves); the others up to what
+# fixes them (QR's and the singular vectors' signs, eigenvectors' signs): R and Q with
+# diag(R) >= 0, |Vᵀ V_torch| = I.
 # Errors must agree: both sides refuse the same inputs. Prints one line per check and
 # exits non-zero on a mismatch.
 #
@@ -77,6 +79,14 @@ for name, a in (("square", square), ("tall", tall), ("wide", wide)):
     p, l, u = call("lu", a)
     t_p, t_l, t_u = torch.linalg.lu(a)
     check(f"lu {name}", close(p, t_p) and close(l, t_l) and close(u, t_u))
+# One matrix of order 512 or more: factored in panels on the library's threads.
+for name, shape in (("large square", (700, 700)), ("large tall", (900, 530)), ("large wide", (530, 820))):
+    a = torch.randn(*shape, dtype=torch.float64)
+    lu, pivots = call("lu_factor", a)
+    t_lu, t_pivots = torch.linalg.lu_factor(a)
+    check(f"lu_factor {name}", close(lu, t_lu, 1e-9) and torch.equal(pivots.to(torch.int32), t_pivots))
+big = torch.randn(700, 700, dtype=torch.float64)
+check("inv large", close(call("inv", big)[0], torch.linalg.inv(big), 1e-9))
 rhs = torch.randn(1, 6, 3, dtype=torch.float64)
 check("lu_solve (B broadcast)", close(call("lu_solve", square[0], rhs)[0],
                                       torch.linalg.lu_solve(*torch.linalg.lu_factor(square[0]), rhs)))

@@ -301,3 +301,52 @@ fn one_large_matrix_factors_on_the_threads_its_batch_leaves() {
         );
     }
 }
+
+/// An LU of order 512 or more with the whole pool of two threads is factored in panels of
+/// columns on the pool: square, tall and wide, its pivots are those of the one-thread
+/// factorization (faer's own) and its factors agree with them; P L U gives A back in f32
+/// too; a zero column is refused with the index the one-thread factorization gives.
+#[test]
+fn large_lu_in_panels_gives_the_one_thread_pivots_and_factors() {
+    use common::rel_err;
+    let lu_factor = |a: &Tensor, threads: u32| {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        linalg::lu_factor(a)
+    };
+    for (m, n) in [(700, 700), (900, 530), (530, 820)] {
+        let a = random(m * n);
+        let t = tensor(&a, &[m, n], DType::F64);
+        let (one, two) = (lu_factor(&t, 1).unwrap(), lu_factor(&t, 2).unwrap());
+        assert_eq!(
+            two.pivots.to_vec::<i32>().unwrap(),
+            one.pivots.to_vec::<i32>().unwrap(),
+            "{m} x {n}"
+        );
+        let err = rel_err(&two.lu.to_f64().unwrap(), &one.lu.to_f64().unwrap());
+        assert!(err < 1e-11, "{m} x {n}: {err:e}");
+        for (dtype, bound) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let lu = {
+                let _t = backends::NUM_THREADS.guard_scoped(2);
+                linalg::lu(&tensor(&a, &[m, n], dtype)).unwrap()
+            };
+            let k = m.min(n);
+            let (p, l, u) = (
+                lu.p.to_f64().unwrap(),
+                lu.l.to_f64().unwrap(),
+                lu.u.to_f64().unwrap(),
+            );
+            let plu = common::reference(&p, &common::reference(&l, &u, m, n, k), m, n, m);
+            let err = rel_err(&plu, &a);
+            assert!(err < bound, "P L U {dtype:?} {m} x {n}: {err:e}");
+        }
+    }
+    let n = 600;
+    let mut a = random(n * n);
+    for row in 0..n {
+        a[row * n + 300] = 0.0;
+    }
+    let t = tensor(&a, &[n, n], DType::F64);
+    let (one, two) = (lu_factor(&t, 1).unwrap_err(), lu_factor(&t, 2).unwrap_err());
+    assert_eq!(two.to_string(), one.to_string());
+    assert!(two.to_string().contains("U[301,301] is zero"), "{two}");
+}

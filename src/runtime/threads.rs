@@ -202,6 +202,13 @@ fn scoped(count: usize, task: &(dyn Fn(usize, usize) + Sync)) {
 /// until none is: a worker that starts late takes fewer, and one that has not started when
 /// the caller finds none left is not waited for.
 pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
+    let team = items.len();
+    for_each_on(team, items, work);
+}
+
+/// [`for_each`] on a team of at most `team` threads, which take the items in order: more
+/// items than threads balance uneven ones.
+pub(crate) fn for_each_on<I: Send>(team: usize, items: Vec<I>, work: &(impl Fn(I) + Sync)) {
     let slots: Vec<Mutex<Option<I>>> = items.into_iter().map(|i| Mutex::new(Some(i))).collect();
     let next = AtomicUsize::new(0);
     let claim = |_: usize, _: usize| {
@@ -211,7 +218,7 @@ pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
             }
         }
     };
-    team_call(slots.len(), &claim, true);
+    team_call(team.min(slots.len()), &claim, true);
 }
 
 #[cfg(test)]

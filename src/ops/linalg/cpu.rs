@@ -21,6 +21,8 @@ use crate::core::error::LinAlgFailure;
 use crate::core::tensor::{Element, host_zeros};
 use crate::{Device, Error};
 
+mod panels;
+
 /// What the scratch of a factorization is called in an out-of-memory error.
 const SCRATCH: &str = "linalg: a factorization's scratch";
 
@@ -69,10 +71,10 @@ thread_local! {
 }
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
-/// threads idle (faer's rayon parallelism); smaller ones ran slower so (one f64 matrix on
-/// 2 threads of a Xeon, against 1, through faer's own calls: at n = 1024 LU 1.23x, inverse
-/// 1.8x, Cholesky 1.2x, QR 1.6x, eigh 1.5x, SVD 1.45x; at n = 256 Cholesky, QR and SVD
-/// 0.64-0.77x).
+/// threads idle (faer's rayon parallelism; an LU with the whole pool in [`panels`]);
+/// smaller ones ran slower so (one f64 matrix on 2 threads of a Xeon, against 1, through
+/// faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x, eigh 1.5x,
+/// SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
 const PARALLEL_FROM: usize = 512;
 
 /// Runs `body` with the factorizations it makes on this thread using up to `threads`
@@ -112,6 +114,16 @@ fn par(order: usize) -> Par {
             Par::rayon(threads)
         }
         _ => Par::Seq,
+    }
+}
+
+/// The threads of the library's pool this thread's factorization may call on itself: more
+/// than one only where its batch left the whole pool to it (so that its calls of the pool
+/// do not nest in the batch's).
+fn whole_pool() -> usize {
+    match INNER_THREADS.get() {
+        threads if threads > 1 && threads == crate::get_num_threads() => threads,
+        _ => 1,
     }
 }
 
@@ -200,16 +212,42 @@ fn store<T: Real>(m: MatRef<'_, T>, out: &mut [T]) {
     }
 }
 
+/// Elements of a matrix from which [`transpose_into`] shares its work out over the
+/// [`whole_pool`] (a 1024 x 1024 f64 transpose took 6% of an LU on 2 threads).
+const PARALLEL_TRANSPOSE: usize = 1 << 18;
+
 /// `src` (row-major `rows × cols`) transposed into `dst` (row-major `cols × rows`: `src`
-/// column-major), in 8 × 8 tiles so that both sides move whole cache lines (faer's
+/// column-major), on the [`whole_pool`] where the matrix is large.
+fn transpose_into<T: Copy + Send + Sync>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T]) {
+    let threads = whole_pool();
+    if threads == 1 || src.len() < PARALLEL_TRANSPOSE {
+        return transpose_columns(src, (rows, cols), 0, dst);
+    }
+    let per = cols.div_ceil(threads).next_multiple_of(TILE);
+    let parts = dst.chunks_mut(per * rows).enumerate().collect();
+    crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
+        transpose_columns(src, (rows, cols), part * per, dst)
+    });
+}
+
+/// Side of the square tiles [`transpose_columns`] turns.
+const TILE: usize = 8;
+
+/// Columns `first..` of `src` (row-major `rows × cols`) as the rows of `dst` (as many as it
+/// holds), in [`TILE`]-square tiles so that both sides move whole cache lines (faer's
 /// element-wise copy of a row-major view took 14% of an LU factorisation at n = 1024).
-fn transpose_into<T: Copy>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T]) {
-    const TILE: usize = 8;
+fn transpose_columns<T: Copy>(
+    src: &[T],
+    (rows, cols): (usize, usize),
+    first: usize,
+    dst: &mut [T],
+) {
     let Some(&fill) = src.first() else { return };
+    let end = (first + dst.len() / rows.max(1)).min(cols);
     for i0 in (0..rows).step_by(TILE) {
         let height = (rows - i0).min(TILE);
-        for j0 in (0..cols).step_by(TILE) {
-            let width = (cols - j0).min(TILE);
+        for j0 in (first..end).step_by(TILE) {
+            let width = (end - j0).min(TILE);
             // Whole lines in, whole lines out: the tile is turned in registers.
             let mut tile = [[fill; TILE]; TILE];
             for (ii, line) in tile.iter_mut().enumerate().take(height) {
@@ -221,7 +259,7 @@ fn transpose_into<T: Copy>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T
                 }
             }
             for jj in 0..width {
-                let line = &mut dst[(j0 + jj) * rows + i0..][..height];
+                let line = &mut dst[(j0 - first + jj) * rows + i0..][..height];
                 for (ii, value) in line.iter_mut().enumerate() {
                     *value = tile[ii][jj];
                 }
@@ -264,6 +302,7 @@ fn zero_diagonal<T: Real>(u: MatRef<'_, T>) -> Option<usize> {
 /// Factors the column-major `lu` in place with partial pivoting (L below the diagonal, its
 /// unit diagonal implied; U on and above it: LAPACK's packed form), then runs `then` on the
 /// factors, the row permutation and a workspace that also has room for `extra`, on `par`.
+/// A parallel factorization with the [`whole_pool`] runs in [`panels`] on it.
 fn factor_in_place<T: Real, R: Send>(
     mut lu: MatMut<'_, T>,
     (extra, par): (StackReq, Par),
@@ -271,6 +310,14 @@ fn factor_in_place<T: Real, R: Send>(
 ) -> Result<R, Failure> {
     let (m, n) = (lu.nrows(), lu.ncols());
     let (mut forward, mut inverse) = (host_zeros(SCRATCH, m)?, host_zeros(SCRATCH, m)?);
+    if matches!(par, Par::Rayon(_)) && whole_pool() > 1 && m.min(n) >= panels::FROM {
+        panels::factor(lu.as_mut(), whole_pool(), &mut forward)?;
+        for (i, &row) in forward.iter().enumerate() {
+            inverse[row] = i;
+        }
+        let perm = PermRef::new_checked(&forward, &inverse, m);
+        return with_workspace((extra, par), |stack| then(lu.as_ref(), perm, stack));
+    }
     let req =
         partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default())
             .or(extra);
