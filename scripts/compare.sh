@@ -7,12 +7,13 @@
 # ours (examples/paired.rs) line by line. On these noisy VMs both sides then meet the same
 # bursts. Prints one table: each side's best, the median of the per-pair ratios (ours /
 # theirs in speed: above 1, ours is faster) with its quartiles, and both bests as shares
-# of the machine's measured fp32 FMA peak (examples/fma_peak.rs).
+# of the machine's measured fp32 FMA peak (examples/fma_peak.rs; half of it for the f64
+# GEMM rows).
 #
 # Installs numpy (and, for the PyTorch rows, torch: a large download) into .venv/ from
 # PyPI on first use; where torch cannot be installed, those rows show ours alone.
 # Usage: scripts/compare.sh            (GEMM n = 1024 2048 4096, SDPA L = 512 1024 2048,
-#                                       the rows of issue 21, conv2d and linalg)
+#                                       the rows of issue 21, f64 GEMM, conv2d and linalg)
 #        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
 #        ONLY="linalg|conv2d" scripts/compare.sh   (the rows whose names match the
 #                                                   extended regular expression)
@@ -112,8 +113,8 @@ def theirs_call(call):
     call()
     return time.perf_counter() - start
 
-def torch_gemm(n):
-    a, b = (torch.rand(n, n).to(torch.bfloat16) for _ in range(2))
+def torch_gemm(n, dtype="bfloat16"):
+    a, b = (torch.rand(n, n).to(getattr(torch, dtype)) for _ in range(2))
     return lambda: a @ b
 
 def torch_sdpa(dtype, d, l, causal):
@@ -122,6 +123,9 @@ def torch_sdpa(dtype, d, l, causal):
 
 works = [(f"GEMM bf16 n={n} vs oneDNN (GFLOP/s)", f"gemm bf16 {n}", 2 * n**3 / 1e9,
           lambda n=n: torch_gemm(n)) for n in gemm_sizes]
+# f64 GEMM (faer's kernels) against PyTorch's BLAS (MKL on x86).
+works += [(f"GEMM f64 n={n} vs PyTorch (GFLOP/s)", f"gemm f64 {n}", 2 * n**3 / 1e9,
+           lambda n=n: torch_gemm(n, "float64")) for n in (256, 1024)]
 digits = lambda name: 3 if name.startswith("SDPA") else 1
 
 def torch_fft(kind, dims):
@@ -286,6 +290,7 @@ PY
 while IFS=$'\t' read -r name ours theirs ratio q1 q3; do
   case "$name" in
     peer) echo "peer of the bf16 GEMM and attention rows: $ours" ;;
+    "GEMM f64"*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 2 ;;
     GEMM*|FFT*|linear*|*decode*|einsum*|MHA*|conv2d*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1 ;;
     linalg*) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 0 ;;
     *) row "$name" "$ours" "$theirs" "$ratio" "$q1" "$q3" 1000 ;;

@@ -84,6 +84,69 @@ fn cpu_f32_spans_several_packed_blocks_and_threads() {
     assert!(err < 1e-5, "{size:?}: {err}");
 }
 
+/// f64 products (faer's kernels) on two threads, C split along its rows (`m >= n`) or its
+/// columns, with contiguous, transposed, narrowed and broadcast (stride 0) operands, against
+/// the float64 reference; and bit for bit the same on 1, 2 and 3 threads.
+#[test]
+fn cpu_f64_splits_over_the_threads_and_reads_every_operand_layout() {
+    let _t = backends::NUM_THREADS.guard_scoped(2);
+    for (m, k, n) in [
+        (67, 129, 33),
+        (9, 70, 300),
+        (1, 50, 41),
+        (130, 1, 7),
+        (2, 3, 1),
+    ] {
+        let (a, b) = (random(m * k), random(k * n));
+        let plain = tensor::<f64>(&a, &[m, k], Device::Cpu);
+        let expected = reference(&a, &b, m, n, k);
+        // B as given, as the transpose of its [n, k] transpose, and narrowed out of a wider one.
+        let bt: Vec<f64> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
+        let wide: Vec<f64> = (0..k * (n + 3))
+            .map(|e| match e % (n + 3) {
+                j if (2..n + 2).contains(&j) => b[(e / (n + 3)) * n + j - 2],
+                _ => f64::NAN,
+            })
+            .collect();
+        let operands = [
+            tensor::<f64>(&b, &[k, n], Device::Cpu),
+            tensor::<f64>(&bt, &[n, k], Device::Cpu).t().unwrap(),
+            tensor::<f64>(&wide, &[k, n + 3], Device::Cpu)
+                .narrow(1, 2, n)
+                .unwrap(),
+        ];
+        for (layout, b) in operands.iter().enumerate() {
+            let err = rel_err(&values::<f64>(&matmul(&plain, b).unwrap()), &expected);
+            assert!(err < 1e-13, "{m}x{k}x{n}, layout {layout}: {err:e}");
+        }
+        let runs: Vec<Vec<u64>> = [1, 2, 3, 2]
+            .into_iter()
+            .map(|threads| {
+                let _t = backends::NUM_THREADS.guard_scoped(threads);
+                let out = matmul(&plain, &operands[0])
+                    .unwrap()
+                    .to_vec::<f64>()
+                    .unwrap();
+                out.into_iter().map(f64::to_bits).collect()
+            })
+            .collect();
+        assert!(
+            runs.iter().all(|r| *r == runs[0]),
+            "{m}x{k}x{n}: bits differ"
+        );
+    }
+    // A row broadcast over 40 rows (stride 0) times B.
+    let (k, n) = (23, 31);
+    let (row, b) = (random(k), random(k * n));
+    let a = tensor::<f64>(&row, &[1, k], Device::Cpu)
+        .expand(&[40, k])
+        .unwrap();
+    let out = values::<f64>(&matmul(&a, &tensor::<f64>(&b, &[k, n], Device::Cpu)).unwrap());
+    let once = reference(&row, &b, 1, n, k);
+    let err = rel_err(&out, &once.repeat(40));
+    assert!(err < 1e-13, "broadcast rows: {err:e}");
+}
+
 #[test]
 fn cpu_half_types_accumulate_in_f32() {
     for size in SIZES {

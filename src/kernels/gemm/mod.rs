@@ -288,7 +288,8 @@ pub(crate) fn special_kernel<T: Element>(
     }
 }
 
-/// `A · B` in f64 (the reference path) into `c`, a zeroed row-major `m x n` matrix.
+/// `A · B` in f64 into `c`, a zeroed row-major `m x n` matrix, through faer's product
+/// (its AVX-512/AVX2 f64 kernels), C split over `threads` along its longer side.
 pub(crate) fn gemm_f64(
     c: &mut [f64],
     m: usize,
@@ -298,22 +299,57 @@ pub(crate) fn gemm_f64(
     b: MatView<f64>,
     threads: usize,
 ) {
-    if n == 0 {
+    if m == 0 || n == 0 {
         return;
     }
-    let rows_per = m.div_ceil(threads.max(1)).max(1);
-    let chunks = c.chunks_mut(rows_per * n).enumerate().collect();
-    crate::runtime::threads::for_each(chunks, &|(t, chunk): (usize, &mut [f64])| {
-        for (r, row) in chunk.chunks_mut(n).enumerate() {
-            let i = t * rows_per + r;
-            for p in 0..k {
-                let x = a.data[a.offset + i * a.rs + p * a.cs];
-                for (j, out) in row.iter_mut().enumerate() {
-                    *out += x * b.data[b.offset + p * b.rs + j * b.cs];
-                }
-            }
-        }
+    let (lhs, rhs) = (a.faer(m, k), b.faer(k, n));
+    let mut dst = faer::MatMut::from_row_major_slice_mut(c, m, n);
+    let parts = threads.clamp(1, m.max(n));
+    let by_rows = m >= n;
+    let step = if by_rows { m } else { n }.div_ceil(parts);
+    let mut pieces = Vec::with_capacity(parts);
+    for first in (0..if by_rows { m } else { n }).step_by(step) {
+        let (rows, cols) = (dst.nrows(), dst.ncols());
+        let (piece, rest) = if by_rows {
+            dst.split_at_row_mut(step.min(rows))
+        } else {
+            dst.split_at_col_mut(step.min(cols))
+        };
+        pieces.push((first, piece));
+        dst = rest;
+    }
+    crate::runtime::threads::for_each(pieces, &|(first, piece): (usize, faer::MatMut<f64>)| {
+        let (lhs, rhs) = if by_rows {
+            (lhs.subrows(first, piece.nrows()), rhs)
+        } else {
+            (lhs, rhs.subcols(first, piece.ncols()))
+        };
+        faer::linalg::matmul::matmul(piece, faer::Accum::Add, lhs, rhs, 1.0, faer::Par::Seq);
     });
+}
+
+impl MatView<'_, f64> {
+    /// The view's `rows x cols` matrix as faer's.
+    fn faer(&self, rows: usize, cols: usize) -> faer::MatRef<'_, f64> {
+        let last = (rows.max(1) - 1) * self.rs + (cols.max(1) - 1) * self.cs;
+        // The caller's shapes and strides stay inside `data` (a broken view fails here).
+        assert!(
+            rows == 0 || cols == 0 || self.offset + last < self.data.len(),
+            "a matrix view past its data"
+        );
+        let start = self.offset.min(self.data.len());
+        // SAFETY: every element (i, j) of the view, at offset + i·rs + j·cs, lies inside
+        // `data` (checked above), which outlives the returned view and is only read.
+        unsafe {
+            faer::MatRef::from_raw_parts(
+                self.data[start..].as_ptr(),
+                rows,
+                cols,
+                self.rs as isize,
+                self.cs as isize,
+            )
+        }
+    }
 }
 
 #[cfg(test)]

@@ -382,7 +382,7 @@ fn cpu(a: &Tensor, b: &Tensor, p: &Problem, bias: Option<&Tensor>) -> Result<Ten
         DType::F64 => {
             let describe = || Call {
                 kernel: "gemm_f64".into(),
-                backend: "cpu/reference".into(),
+                backend: "cpu/faer".into(),
                 dtype: DType::F64,
                 shapes: shapes(a, b),
                 precision: "f64".into(),
