@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Side by side with PyTorch on the same inputs: every `backends::linalg` op on fresh random
 # f64 batches (square and rectangular, SPD where the op needs it, singular and indefinite
-# ones for the errors; LU and inverse of single matrices of order >= 512 too, which are
-# factored in panels on the library's threads), through examples/linalg_io.rs, against
-# torch.linalg. Results that are unique are compared directly (inv, cholesky, lu_factor's
-# LU and pivots, lu's P/L/U, eigenvalues, singular values, solves); the others up to what
-# fixes them (QR's and the singular vectors' signs, eigenvectors' signs): R and Q with
-# diag(R) >= 0, |Vᵀ V_torch| = I.
+# ones for the errors; LU, inverse and Cholesky of single matrices of order >= 512 too,
+# which are factored in panels on the library's threads), through examples/linalg_io.rs,
+# against torch.linalg. Results that are unique are compared directly (inv, cholesky,
+# lu_factor's LU and pivots, lu's P/L/U, eigenvalues, singular values, solves); the others
+# up to what fixes them (QR's and the singular vectors' signs, eigenvectors' signs): R and Q
+# with diag(R) >= 0, |Vᵀ V_torch| = I.
 # Errors must agree: both sides refuse the same inputs. Prints one line per check and
 # exits non-zero on a mismatch.
 #
@@ -87,6 +87,18 @@ for name, shape in (("large square", (700, 700)), ("large tall", (900, 530)), ("
     check(f"lu_factor {name}", close(lu, t_lu, 1e-9) and torch.equal(pivots.to(torch.int32), t_pivots))
 big = torch.randn(700, 700, dtype=torch.float64)
 check("inv large", close(call("inv", big)[0], torch.linalg.inv(big), 1e-9))
+big_spd = spd(n=700)
+for upper in (False, True):
+    check(f"cholesky large upper={upper}", close(call("cholesky", big_spd, upper=upper)[0],
+                                                 torch.linalg.cholesky(big_spd, upper=upper)))
+big_spd[400, 400] = -1
+ours_error = call("cholesky", big_spd)
+try:
+    torch.linalg.cholesky(big_spd); torch_error = None
+except Exception as e:
+    torch_error = str(e)
+check("cholesky large refuses", isinstance(ours_error, str) and torch_error is not None
+      and ours_error.split(";")[0].split(": ", 1)[1] in torch_error, f"(ours: {ours_error})")
 rhs = torch.randn(1, 6, 3, dtype=torch.float64)
 check("lu_solve (B broadcast)", close(call("lu_solve", square[0], rhs)[0],
                                       torch.linalg.lu_solve(*torch.linalg.lu_factor(square[0]), rhs)))

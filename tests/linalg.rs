@@ -350,3 +350,38 @@ fn large_lu_in_panels_gives_the_one_thread_pivots_and_factors() {
     assert_eq!(two.to_string(), one.to_string());
     assert!(two.to_string().contains("U[301,301] is zero"), "{two}");
 }
+
+/// A Cholesky of order 512 or more with the whole pool of two threads is factored in panels
+/// on the pool: in both forms it agrees with the one-thread factorization (faer's own) and
+/// gives A back; a matrix whose leading minor of order 301 is not positive-definite is
+/// refused naming that minor, as on one thread.
+#[test]
+fn large_cholesky_in_panels_gives_the_one_thread_factor() {
+    use common::linalg::{bmm, bt, spd};
+    use common::rel_err;
+    let cholesky = |a: &Tensor, upper: bool, threads: u32| {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        linalg::cholesky(a, upper)
+    };
+    let n = 700;
+    let s = spd(1, n);
+    let t = tensor(&s, &[n, n], DType::F64);
+    for upper in [false, true] {
+        let one = cholesky(&t, upper, 1).unwrap().to_f64().unwrap();
+        let two = cholesky(&t, upper, 2).unwrap().to_f64().unwrap();
+        let err = rel_err(&two, &one);
+        assert!(err < 1e-12, "upper {upper}: {err:e}");
+        let l = if upper { bt(&two, 1, n, n) } else { two };
+        let err = rel_err(&bmm(&l, &bt(&l, 1, n, n), 1, (n, n, n)), &s);
+        assert!(err < 1e-12, "L Lᵀ, upper {upper}: {err:e}");
+    }
+    let mut indefinite = s;
+    indefinite[300 * n + 300] = -1.0;
+    let t = tensor(&indefinite, &[n, n], DType::F64);
+    let (one, two) = (
+        cholesky(&t, false, 1).unwrap_err(),
+        cholesky(&t, false, 2).unwrap_err(),
+    );
+    assert_eq!(two.to_string(), one.to_string());
+    assert!(two.to_string().contains("minor of order 301"), "{two}");
+}

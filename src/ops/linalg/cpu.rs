@@ -71,7 +71,8 @@ thread_local! {
 }
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
-/// threads idle (faer's rayon parallelism; an LU with the whole pool in [`panels`]);
+/// threads idle (faer's rayon parallelism; an LU or a Cholesky with the whole pool in
+/// [`panels`]);
 /// smaller ones ran slower so (one f64 matrix on 2 threads of a Xeon, against 1, through
 /// faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x, eigh 1.5x,
 /// SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
@@ -392,15 +393,19 @@ pub(crate) fn cholesky<T: Real>(
         MatMut::from_row_major_slice_mut(out, n, n)
     };
     let par = par(n);
-    let req = llt::cholesky_in_place_scratch::<T>(n, par, Default::default());
-    with_workspace((req, par), |stack| {
-        llt::cholesky_in_place(view, Default::default(), par, stack, Default::default())
-    })?
-    .map_err(|e| match e {
-        llt::LltError::NonPositivePivot { index } => {
-            LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
-        }
-    })?;
+    if matches!(par, Par::Rayon(_)) && whole_pool() > 1 && n >= panels::FROM {
+        panels::cholesky(view, whole_pool())?;
+    } else {
+        let req = llt::cholesky_in_place_scratch::<T>(n, par, Default::default());
+        with_workspace((req, par), |stack| {
+            llt::cholesky_in_place(view, Default::default(), par, stack, Default::default())
+        })?
+        .map_err(|e| match e {
+            llt::LltError::NonPositivePivot { index } => {
+                LinAlgFailure::NotPositiveDefinite { minor: index + 1 }
+            }
+        })?;
+    }
     // The other triangle still holds the input.
     for (i, row) in out.chunks_exact_mut(n).enumerate() {
         if upper {

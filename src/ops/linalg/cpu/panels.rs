@@ -1,22 +1,30 @@
-//! LU with partial pivoting of one large matrix on the library's threads, in panels of
-//! columns (LAPACK's blocked right-looking `getrf`, with a look-ahead of one panel): each
-//! panel is factored by faer on one thread; one call of the pool per panel then swaps the
-//! other columns' rows as the panel's pivots say, solves the panel's rows of U and updates
-//! the rest of the matrix (faer's triangular solve and product, one block of columns per
+//! LU with partial pivoting and Cholesky of one large matrix on the library's threads, in
+//! panels of columns (LAPACK's blocked right-looking `getrf` and `potrf`, with a
+//! look-ahead of one panel): each panel is factored by faer on one thread; one call of the
+//! pool per panel then brings the rest of the matrix past it (for the LU, the other
+//! columns' rows swapped as its pivots say and its rows of U solved; then the rows below
+//! less its L times them: faer's triangular solve and product, one block of columns per
 //! item), while the thread that takes the next panel's columns first updates them and
-//! factors that panel. faer's own parallel LU joins its threads at every level of its
-//! recursion; a 1024 x 1024 f64 LU on 2 cores of an AMD EPYC VM, back to back: 12.1 ms
-//! here, 12.6 ms in faer's, 20 ms on one thread; between calls of PyTorch (20 ms apart,
-//! `OMP_WAIT_POLICY=PASSIVE`), where the VM often runs one of its two threads at a time:
-//! 19 ms here, 32 ms in faer's (MKL's 20 ms).
+//! factors that panel. faer's own parallel factorizations join their threads at every
+//! level of their recursion; on 2 cores of an AMD EPYC VM, 1024 x 1024 f64, back to back:
+//! LU 12.1 ms here, 12.6 ms in faer's parallel LU, 20 ms on one thread; between calls of
+//! PyTorch (20 ms apart, `OMP_WAIT_POLICY=PASSIVE`), where the VM often runs one of its two
+//! threads at a time: LU 19 ms here, 32 ms in faer's (MKL's 20 ms), Cholesky 18 ms in
+//! faer's, 13 ms on one thread.
 
-use faer::dyn_stack::{MemBuffer, MemStack};
+use std::sync::Mutex;
+
+use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
+use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::lu::partial_pivoting::factor::{lu_in_place, lu_in_place_scratch};
 use faer::linalg::matmul::matmul;
-use faer::linalg::triangular_solve::solve_unit_lower_triangular_in_place;
+use faer::linalg::triangular_solve::{
+    solve_lower_triangular_in_place, solve_unit_lower_triangular_in_place,
+};
 use faer::{Accum, MatMut, MatRef, Par};
 
 use super::{Failure, Real, SCRATCH};
+use crate::core::error::LinAlgFailure;
 use crate::core::tensor::host_zeros;
 use crate::{Device, Error};
 
@@ -64,17 +72,17 @@ pub(super) fn factor<T: Real>(
     let steps = m.min(n);
     // pivots[i]: the row swapped with row i at step i (LAPACK's pivots, from 0).
     let mut pivots = host_zeros::<usize>(SCRATCH, steps)?;
-    let req = lu_in_place_scratch::<usize, T>(m, PANEL, Par::Seq, Default::default());
     let mut scratch = Scratch {
         forward: host_zeros(SCRATCH, m)?,
         inverse: host_zeros(SCRATCH, m)?,
         order: host_zeros(SCRATCH, m)?,
         position: host_zeros(SCRATCH, m)?,
-        workspace: MemBuffer::try_new(req).map_err(|_| Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: req.size_bytes() as u64,
-            why: "linalg: faer's workspace: the allocation failed".into(),
-        })?,
+        workspace: workspace(lu_in_place_scratch::<usize, T>(
+            m,
+            PANEL,
+            Par::Seq,
+            Default::default(),
+        ))?,
     };
     let first = PANEL.min(steps);
     factor_panel(
@@ -214,4 +222,111 @@ fn update<T: Real>(
         T::from_f64(-1.0),
         Par::Seq,
     );
+}
+
+/// faer's workspace of `req`, allocated fallibly.
+fn workspace(req: StackReq) -> Result<MemBuffer, Failure> {
+    MemBuffer::try_new(req).map_err(|_| {
+        Failure::Memory(Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes: req.size_bytes() as u64,
+            why: "linalg: faer's workspace: the allocation failed".into(),
+        })
+    })
+}
+
+/// Columns of one Cholesky panel's call (from the column of the matrix named) and what is
+/// done to them.
+enum Block<'a, T> {
+    /// Columns right of the panel: their rows from the first one down updated.
+    Right(usize, MatMut<'a, T>),
+    /// The next panel's columns: updated, then factored.
+    Next(usize, MatMut<'a, T>, &'a mut MemBuffer),
+}
+
+/// Factors the `n × n` matrix `a`'s lower triangle in place as LAPACK's `potrf` does
+/// (`A = L Lᵀ`, L in the lower triangle; the strictly upper one is left with what the
+/// updates wrote there) on up to `threads` threads; a matrix that is not positive-definite
+/// is [`LinAlgFailure::NotPositiveDefinite`], naming the leading minor as faer's own
+/// factorization does.
+pub(super) fn cholesky<T: Real>(mut a: MatMut<'_, T>, threads: usize) -> Result<(), Failure> {
+    let n = a.nrows();
+    let mut buffer = workspace(llt::cholesky_in_place_scratch::<T>(
+        PANEL,
+        Par::Seq,
+        Default::default(),
+    ))?;
+    let first = PANEL.min(n);
+    factor_columns(a.as_mut().get_mut(.., ..first), 0, &mut buffer)?;
+    let mut start = 0;
+    while start < n {
+        let end = start + PANEL.min(n - start);
+        let (_, rest) = a.as_mut().split_at_col_mut(start);
+        let (panel, mut right) = rest.split_at_col_mut(end - start);
+        let mut pieces = Vec::new();
+        if end < n {
+            let (columns, rest) = right.split_at_col_mut(PANEL.min(n - end));
+            pieces.push(Block::Next(end, columns, &mut buffer));
+            right = rest;
+        }
+        let mut column = end + pieces.first().map_or(0, |_| PANEL.min(n - end));
+        for columns in blocks(right) {
+            let width = columns.ncols();
+            pieces.push(Block::Right(column, columns));
+            column += width;
+        }
+        let panel = panel.as_ref();
+        let failure = Mutex::new(None);
+        crate::runtime::threads::for_each_on(threads, pieces, &|piece| match piece {
+            Block::Right(first, columns) => update_lower(columns, panel, first),
+            Block::Next(first, mut columns, buffer) => {
+                update_lower(columns.as_mut(), panel, first);
+                if let Err(error) = factor_columns(columns, first, buffer) {
+                    *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+                }
+            }
+        });
+        if let Some(error) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(error);
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+/// Rows `first..` of `columns` (columns `first..` of the matrix) less the panel's rows
+/// `first..` times its rows of those columns, transposed (`A₂₂ -= L₂₁ L₂₁ᵀ`).
+fn update_lower<T: Real>(columns: MatMut<'_, T>, panel: MatRef<'_, T>, first: usize) {
+    let (rows, width) = (columns.nrows() - first, columns.ncols());
+    let lhs = panel.subrows(first, rows);
+    let rhs = panel.subrows(first, width).transpose();
+    let dst = columns.subrows_mut(first, rows);
+    matmul(dst, Accum::Add, lhs, rhs, T::from_f64(-1.0), Par::Seq);
+}
+
+/// Factors the panel `columns` (columns `first..` of the matrix, already updated): its
+/// diagonal block by faer's Cholesky, the rows below solved by that factor
+/// (`L₂₁ = A₂₁ L₁₁⁻ᵀ`).
+fn factor_columns<T: Real>(
+    columns: MatMut<'_, T>,
+    first: usize,
+    buffer: &mut MemBuffer,
+) -> Result<(), Failure> {
+    let width = columns.ncols();
+    let (_, lower) = columns.split_at_row_mut(first);
+    let (mut diagonal, below) = lower.split_at_row_mut(width);
+    llt::cholesky_in_place(
+        diagonal.as_mut(),
+        Default::default(),
+        Par::Seq,
+        MemStack::new(buffer),
+        Default::default(),
+    )
+    .map_err(|llt::LltError::NonPositivePivot { index }| {
+        LinAlgFailure::NotPositiveDefinite {
+            minor: first + index + 1,
+        }
+    })?;
+    solve_lower_triangular_in_place(diagonal.as_ref(), below.transpose_mut(), Par::Seq);
+    Ok(())
 }
