@@ -83,6 +83,7 @@ pub use crate::core::dtype::DType;
 pub use crate::core::error::{Error, LinAlgFailure, Result};
 pub use crate::core::flag::{Flag, FlagSource, Guard, ScopedGuard};
 pub use crate::core::generator::{Generator, initial_seed, manual_seed};
+pub use crate::core::host_cache::empty_host_cache;
 pub use crate::core::precision::{
     FP32_PRECISION, Float32MatmulPrecision, Fp32Precision, float32_matmul_precision,
     float32_matmul_precision_scoped, fp32_precision, get_float32_matmul_precision,

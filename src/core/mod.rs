@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod flag;
 pub mod generator;
+pub mod host_cache;
 pub mod precision;
 pub mod sdp;
 pub mod tensor;

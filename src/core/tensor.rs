@@ -170,6 +170,15 @@ macro_rules! each_vec {
     };
 }
 
+impl Drop for HostMemory {
+    /// A large owned buffer goes to the [`super::host_cache`] for a later output.
+    fn drop(&mut self) {
+        if let Host::Owned(data) = std::mem::replace(self.state.get_mut(), Host::Ended) {
+            each_vec!(data, v => super::host_cache::give(v));
+        }
+    }
+}
+
 impl CpuData {
     /// The elements' bytes: start and length.
     fn raw(&self) -> (*const u8, usize) {
@@ -374,8 +383,9 @@ pub struct Tensor {
 
 /// A zeroed host buffer of `len` elements, or [`Error::OutOfMemory`] (with what `op` was
 /// doing) where the allocation fails: the large outputs of the CPU kernels are allocated
-/// here, so that a product too big for the machine is an error, not an abort. The zeroing
-/// is the allocator's (fresh pages are zero until the threads that fill them touch them).
+/// here, so that a product too big for the machine is an error, not an abort. A buffer the
+/// [`super::host_cache`] kept is reused (zeroed); otherwise the zeroing is the allocator's
+/// (fresh pages are zero until the threads that fill them touch them).
 pub(crate) fn host_zeros<T: bytemuck::Zeroable>(op: &'static str, len: usize) -> Result<Vec<T>> {
     let bytes = (len as u64).saturating_mul(std::mem::size_of::<T>() as u64);
     let out_of_memory = |why: &str| Error::OutOfMemory {
@@ -389,6 +399,11 @@ pub(crate) fn host_zeros<T: bytemuck::Zeroable>(op: &'static str, len: usize) ->
         let mut empty = Vec::new();
         empty.resize_with(len, T::zeroed);
         return Ok(empty);
+    }
+    if let Some(kept) = super::host_cache::take_zeroed(layout) {
+        // SAFETY: the kept block was allocated by the global allocator with exactly this
+        // layout (size and alignment) and is zeroed, a valid T (`Zeroable`).
+        return Ok(unsafe { Vec::from_raw_parts(kept.as_ptr().cast::<T>(), len, len) });
     }
     // SAFETY: the layout has a non-zero size.
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
@@ -693,8 +708,8 @@ impl Tensor {
             offset,
         } = self;
         let storage = match Arc::try_unwrap(storage) {
-            Ok(Storage::Host(memory)) => {
-                return match memory.state.into_inner() {
+            Ok(Storage::Host(mut memory)) => {
+                return match std::mem::replace(memory.state.get_mut(), Host::Ended) {
                     Host::Owned(data) => {
                         let mut values = T::unwrap_vec(data).expect("the buffer holds the dtype");
                         values.truncate(numel);
