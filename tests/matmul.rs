@@ -5,6 +5,7 @@ mod common;
 
 use backends::cuda::matmul as flags;
 use backends::{DType, Device, Element, Error, Fp32Precision, Tensor, matmul};
+use common::linalg::bt as transposed;
 use common::{adapter, random, reference, rel_err};
 use half::{bf16, f16};
 
@@ -101,7 +102,7 @@ fn cpu_f64_splits_over_the_threads_and_reads_every_operand_layout() {
         let plain = tensor::<f64>(&a, &[m, k], Device::Cpu);
         let expected = reference(&a, &b, m, n, k);
         // B as given, as the transpose of its [n, k] transpose, and narrowed out of a wider one.
-        let bt: Vec<f64> = (0..n * k).map(|e| b[(e % k) * n + e / k]).collect();
+        let bt = transposed(&b, 1, k, n);
         let wide: Vec<f64> = (0..k * (n + 3))
             .map(|e| match e % (n + 3) {
                 j if (2..n + 2).contains(&j) => b[(e / (n + 3)) * n + j - 2],
@@ -167,7 +168,7 @@ fn cpu_half_types_span_several_packed_blocks_threads_and_a_bias() {
     // threads, bit-identical across them.
     let (m, n, k) = (40, 2100, 1100);
     let (x, w, bias) = (random(m * k), random(n * k), random(n));
-    let weight_t: Vec<f64> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
+    let weight_t = transposed(&w, 1, n, k);
     for dtype in [DType::Bf16, DType::F16] {
         let round = |v: &[f64]| match dtype {
             DType::Bf16 => through::<bf16>(v),
@@ -215,12 +216,8 @@ fn transposed_and_batched_views() {
     assert_eq!(out.shape(), [batch, m, n]);
     let got = values::<f32>(&out);
     for i in 0..batch {
-        let ai: Vec<f64> = (0..m * k)
-            .map(|e| a[i * k * m + (e % k) * m + e / k])
-            .collect();
-        let bi: Vec<f64> = (0..k * n)
-            .map(|e| b[i * n * k + (e % n) * k + e / n])
-            .collect();
+        let ai = transposed(&a[i * k * m..][..k * m], 1, k, m);
+        let bi = transposed(&b[i * n * k..][..n * k], 1, n, k);
         let err = rel_err(
             &got[i * m * n..(i + 1) * m * n],
             &reference(&ai, &bi, m, n, k),
@@ -331,7 +328,7 @@ fn few_rows_against_a_plain_or_transposed_weight() {
     ] {
         let (a, w) = (random(m * k), random(n * k));
         // w is the weight [n, k]; `plain` holds its transpose [k, n] as a plain matrix.
-        let plain: Vec<f64> = (0..k * n).map(|e| w[(e % n) * k + e / n]).collect();
+        let plain = transposed(&w, 1, n, k);
         let want = |t: &dyn Fn(&[f64]) -> Vec<f64>| reference(&t(&a), &t(&plain), m, n, k);
         for dtype in [DType::F32, DType::Bf16] {
             let bound = if dtype == DType::F32 { 1e-5 } else { 1e-2 };

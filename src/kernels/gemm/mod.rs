@@ -289,7 +289,8 @@ pub(crate) fn special_kernel<T: Element>(
 }
 
 /// `A · B` in f64 into `c`, a zeroed row-major `m x n` matrix, through faer's product
-/// (its AVX-512/AVX2 f64 kernels), C split over `threads` along its longer side.
+/// (its AVX-512/AVX2 f64 kernels), C split over `threads` along its longer side (its
+/// columns as the rows of `Cᵀ = Bᵀ Aᵀ`).
 pub(crate) fn gemm_f64(
     c: &mut [f64],
     m: usize,
@@ -302,28 +303,27 @@ pub(crate) fn gemm_f64(
     if m == 0 || n == 0 {
         return;
     }
-    let (lhs, rhs) = (a.faer(m, k), b.faer(k, n));
-    let mut dst = faer::MatMut::from_row_major_slice_mut(c, m, n);
-    let parts = threads.clamp(1, m.max(n));
-    let by_rows = m >= n;
-    let step = if by_rows { m } else { n }.div_ceil(parts);
-    let mut pieces = Vec::with_capacity(parts);
-    for first in (0..if by_rows { m } else { n }).step_by(step) {
-        let (rows, cols) = (dst.nrows(), dst.ncols());
-        let (piece, rest) = if by_rows {
-            dst.split_at_row_mut(step.min(rows))
-        } else {
-            dst.split_at_col_mut(step.min(cols))
-        };
+    let dst = faer::MatMut::from_row_major_slice_mut(c, m, n);
+    let (mut dst, lhs, rhs) = if m >= n {
+        (dst, a.faer(m, k), b.faer(k, n))
+    } else {
+        (
+            dst.transpose_mut(),
+            b.faer(k, n).transpose(),
+            a.faer(m, k).transpose(),
+        )
+    };
+    let step = dst.nrows().div_ceil(threads.max(1));
+    let mut pieces = Vec::with_capacity(threads);
+    let mut first = 0;
+    while dst.nrows() > 0 {
+        let rows = step.min(dst.nrows());
+        let (piece, rest) = dst.split_at_row_mut(rows);
         pieces.push((first, piece));
-        dst = rest;
+        (dst, first) = (rest, first + rows);
     }
     crate::runtime::threads::for_each(pieces, &|(first, piece): (usize, faer::MatMut<f64>)| {
-        let (lhs, rhs) = if by_rows {
-            (lhs.subrows(first, piece.nrows()), rhs)
-        } else {
-            (lhs, rhs.subcols(first, piece.ncols()))
-        };
+        let lhs = lhs.subrows(first, piece.nrows());
         faer::linalg::matmul::matmul(piece, faer::Accum::Add, lhs, rhs, 1.0, faer::Par::Seq);
     });
 }

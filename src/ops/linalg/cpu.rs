@@ -72,10 +72,9 @@ thread_local! {
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
 /// threads idle (faer's rayon parallelism; an LU or a Cholesky with the whole pool in
-/// [`panels`]);
-/// smaller ones ran slower so (one f64 matrix on 2 threads of a Xeon, against 1, through
-/// faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x, eigh 1.5x,
-/// SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
+/// [`panels`]); smaller ones ran slower so (one f64 matrix on 2 threads of a Xeon, against
+/// 1, through faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x,
+/// eigh 1.5x, SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
 const PARALLEL_FROM: usize = 512;
 
 /// Runs `body` with the factorizations it makes on this thread using up to `threads`
@@ -128,6 +127,13 @@ fn whole_pool() -> usize {
     }
 }
 
+/// The threads an LU or a Cholesky of parallelism `par` whose smaller side is `side` runs
+/// on in [`panels`], where it does.
+fn panel_threads(par: Par, side: usize) -> Option<usize> {
+    let threads = whole_pool();
+    (matches!(par, Par::Rayon(_)) && threads > 1 && side >= panels::FROM).then_some(threads)
+}
+
 impl Real for f32 {
     fn kept() -> &'static LocalKey<Cell<Vec<f32>>> {
         &KEPT_F32
@@ -147,6 +153,17 @@ const KEPT_BYTES: usize = 16 << 20;
 /// Room a kept workspace holds beyond a request, for its alignment.
 const WORKSPACE_SLACK: usize = 4096;
 
+/// faer's workspace of `req`, allocated fallibly.
+fn workspace(req: StackReq) -> Result<MemBuffer, Failure> {
+    MemBuffer::try_new(req).map_err(|_| {
+        Failure::Memory(Error::OutOfMemory {
+            device: Device::Cpu,
+            bytes: req.size_bytes() as u64,
+            why: "linalg: faer's workspace: the allocation failed".into(),
+        })
+    })
+}
+
 /// Runs `body` on a faer workspace of `req`: this thread's kept one where it is large
 /// enough, which is kept for the next call while it is at most [`KEPT_BYTES`]. With rayon
 /// parallelism `body` runs on [`pool`]'s threads: faer's parallel steps, called from outside
@@ -159,11 +176,7 @@ fn with_workspace<R: Send>(
     let req = req.and(StackReq::new::<u8>(WORKSPACE_SLACK));
     let mut buffer = match WORKSPACE.take().filter(|b| b.len() >= req.size_bytes()) {
         Some(kept) => kept,
-        None => MemBuffer::try_new(req).map_err(|_| Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: req.size_bytes() as u64,
-            why: "linalg: faer's workspace: the allocation failed".into(),
-        })?,
+        None => workspace(req)?,
     };
     let stack = MemStack::new(&mut buffer);
     let result = match par {
@@ -311,8 +324,8 @@ fn factor_in_place<T: Real, R: Send>(
 ) -> Result<R, Failure> {
     let (m, n) = (lu.nrows(), lu.ncols());
     let (mut forward, mut inverse) = (host_zeros(SCRATCH, m)?, host_zeros(SCRATCH, m)?);
-    if matches!(par, Par::Rayon(_)) && whole_pool() > 1 && m.min(n) >= panels::FROM {
-        panels::factor(lu.as_mut(), whole_pool(), &mut forward)?;
+    if let Some(threads) = panel_threads(par, m.min(n)) {
+        panels::factor(lu.as_mut(), threads, &mut forward)?;
         for (i, &row) in forward.iter().enumerate() {
             inverse[row] = i;
         }
@@ -393,8 +406,8 @@ pub(crate) fn cholesky<T: Real>(
         MatMut::from_row_major_slice_mut(out, n, n)
     };
     let par = par(n);
-    if matches!(par, Par::Rayon(_)) && whole_pool() > 1 && n >= panels::FROM {
-        panels::cholesky(view, whole_pool())?;
+    if let Some(threads) = panel_threads(par, n) {
+        panels::cholesky(view, threads)?;
     } else {
         let req = llt::cholesky_in_place_scratch::<T>(n, par, Default::default());
         with_workspace((req, par), |stack| {

@@ -14,7 +14,7 @@
 
 use std::sync::Mutex;
 
-use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
+use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::lu::partial_pivoting::factor::{lu_in_place, lu_in_place_scratch};
 use faer::linalg::matmul::matmul;
@@ -23,10 +23,9 @@ use faer::linalg::triangular_solve::{
 };
 use faer::{Accum, MatMut, MatRef, Par};
 
-use super::{Failure, Real, SCRATCH};
+use super::{Failure, Real, SCRATCH, workspace};
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::host_zeros;
-use crate::{Device, Error};
 
 /// Columns per panel.
 const PANEL: usize = 128;
@@ -222,17 +221,6 @@ fn update<T: Real>(
         T::from_f64(-1.0),
         Par::Seq,
     );
-}
-
-/// faer's workspace of `req`, allocated fallibly.
-fn workspace(req: StackReq) -> Result<MemBuffer, Failure> {
-    MemBuffer::try_new(req).map_err(|_| {
-        Failure::Memory(Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: req.size_bytes() as u64,
-            why: "linalg: faer's workspace: the allocation failed".into(),
-        })
-    })
 }
 
 /// Columns of one Cholesky panel's call (from the column of the matrix named) and what is
