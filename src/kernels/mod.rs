@@ -24,6 +24,7 @@ pub(crate) mod gemm;
 mod jit;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod simd;
+pub(crate) mod transpose;
 
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));

@@ -7,6 +7,8 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::thread::LocalKey;
 
+use bytemuck::Pod;
+
 use faer::diag::DiagMut;
 use faer::dyn_stack::{MemBuffer, MemStack, StackReq};
 use faer::linalg::cholesky::llt::factor as llt;
@@ -19,6 +21,7 @@ use faer::{Conj, MatMut, MatRef, Par};
 
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::{Element, host_zeros};
+use crate::kernels::transpose::transpose;
 use crate::{Device, Error};
 
 mod panels;
@@ -232,53 +235,24 @@ const PARALLEL_TRANSPOSE: usize = 1 << 18;
 
 /// `src` (row-major `rows × cols`) transposed into `dst` (row-major `cols × rows`: `src`
 /// column-major), on the [`whole_pool`] where the matrix is large.
-fn transpose_into<T: Copy + Send + Sync>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T]) {
+fn transpose_into<T: Pod + Send + Sync>(src: &[T], (rows, cols): (usize, usize), dst: &mut [T]) {
     let threads = whole_pool();
     if threads == 1 || src.len() < PARALLEL_TRANSPOSE {
         return transpose_columns(src, (rows, cols), 0, dst);
     }
-    let per = cols.div_ceil(threads).next_multiple_of(TILE);
+    let per = cols.div_ceil(threads).next_multiple_of(16);
     let parts = dst.chunks_mut(per * rows).enumerate().collect();
     crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
         transpose_columns(src, (rows, cols), part * per, dst)
     });
 }
 
-/// Side of the square tiles [`transpose_columns`] turns.
-const TILE: usize = 8;
-
 /// Columns `first..` of `src` (row-major `rows × cols`) as the rows of `dst` (as many as it
-/// holds), in [`TILE`]-square tiles so that both sides move whole cache lines (faer's
-/// element-wise copy of a row-major view took 14% of an LU factorisation at n = 1024).
-fn transpose_columns<T: Copy>(
-    src: &[T],
-    (rows, cols): (usize, usize),
-    first: usize,
-    dst: &mut [T],
-) {
-    let Some(&fill) = src.first() else { return };
+/// holds).
+fn transpose_columns<T: Pod>(src: &[T], (rows, cols): (usize, usize), first: usize, dst: &mut [T]) {
     let end = (first + dst.len() / rows.max(1)).min(cols);
-    for i0 in (0..rows).step_by(TILE) {
-        let height = (rows - i0).min(TILE);
-        for j0 in (first..end).step_by(TILE) {
-            let width = (end - j0).min(TILE);
-            // Whole lines in, whole lines out: the tile is turned in registers.
-            let mut tile = [[fill; TILE]; TILE];
-            for (ii, line) in tile.iter_mut().enumerate().take(height) {
-                let from = &src[(i0 + ii) * cols + j0..];
-                if width == TILE {
-                    *line = from[..TILE].try_into().expect("a whole line");
-                } else {
-                    line[..width].copy_from_slice(&from[..width]);
-                }
-            }
-            for jj in 0..width {
-                let line = &mut dst[(j0 - first + jj) * rows + i0..][..height];
-                for (ii, value) in line.iter_mut().enumerate() {
-                    *value = tile[ii][jj];
-                }
-            }
-        }
+    if first < end {
+        transpose((&src[first..], cols), (dst, rows), (rows, end - first));
     }
 }
 

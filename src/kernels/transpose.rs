@@ -1,0 +1,346 @@
+//! Matrix transposes of 4- and 8-byte elements in square tiles turned in vector registers
+//! (16 or 8 rows a tile on AVX-512, 8 or 4 on AVX2): whole rows in, whole rows out. An
+//! element-by-element transpose through memory ran a 1024 x 1024 f64 copy at 12 GB/s on an
+//! AMD EPYC VM; the AVX-512 tiles at twice that. Other element sizes, CPUs without AVX2 and
+//! the edges past the last whole tile take a portable loop.
+
+use bytemuck::Pod;
+
+/// Copies the `rows × cols` matrix whose row `i` starts at `src[i * src_stride]` into `dst`
+/// transposed: its column `j` becomes the row starting at `dst[j * dst_stride]`.
+///
+/// # Panics
+/// When either slice is too short for the shape and strides (a caller's bug).
+pub(crate) fn transpose<T: Pod>(
+    (src, src_stride): (&[T], usize),
+    (dst, dst_stride): (&mut [T], usize),
+    (rows, cols): (usize, usize),
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(
+        (rows - 1) * src_stride + cols <= src.len(),
+        "transpose: the source holds {rows} rows of {cols} at a stride of {src_stride}"
+    );
+    assert!(
+        (cols - 1) * dst_stride + rows <= dst.len(),
+        "transpose: the destination holds {cols} rows of {rows} at a stride of {dst_stride}"
+    );
+    #[cfg(target_arch = "x86_64")]
+    let done = x86::tiles((src, src_stride), (dst, dst_stride), (rows, cols));
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = (0, 0);
+    // What the tiles left: the rows below them, then the columns right of them.
+    let (tiled_rows, tiled_cols) = done;
+    if tiled_rows < rows {
+        portable(
+            (&src[tiled_rows * src_stride..], src_stride),
+            (&mut dst[tiled_rows..], dst_stride),
+            (rows - tiled_rows, cols),
+        );
+    }
+    if tiled_rows > 0 && tiled_cols < cols {
+        portable(
+            (&src[tiled_cols..], src_stride),
+            (&mut dst[tiled_cols * dst_stride..], dst_stride),
+            (tiled_rows, cols - tiled_cols),
+        );
+    }
+}
+
+/// [`transpose`] element by element, in blocks of rows so that the destination's lines
+/// are filled while in cache.
+fn portable<T: Pod>(
+    (src, src_stride): (&[T], usize),
+    (dst, dst_stride): (&mut [T], usize),
+    (rows, cols): (usize, usize),
+) {
+    const BLOCK: usize = 8;
+    for i0 in (0..rows).step_by(BLOCK) {
+        for j in 0..cols {
+            for i in i0..(i0 + BLOCK).min(rows) {
+                dst[j * dst_stride + i] = src[i * src_stride + j];
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use bytemuck::Pod;
+
+    use crate::kernels::simd::Vector;
+    use crate::runtime::cpu::{Avx2Token, Avx512Token};
+
+    /// Transposes the whole tiles at the top left of the matrix (as [`super::transpose`],
+    /// whose checks the slices passed) where the CPU and the element size have a register
+    /// kernel, and returns the rows and columns they covered (`(0, 0)` where none ran).
+    pub(super) fn tiles<T: Pod>(
+        (src, src_stride): (&[T], usize),
+        (dst, dst_stride): (&mut [T], usize),
+        (rows, cols): (usize, usize),
+    ) -> (usize, usize) {
+        let (src, dst) = (src.as_ptr().cast::<u8>(), dst.as_mut_ptr().cast::<u8>());
+        let shape = (rows, cols, src_stride, dst_stride);
+        match size_of::<T>() {
+            8 => {
+                if let Some(token) = Avx512Token::get() {
+                    return f64_avx512(token, src.cast(), dst.cast(), shape);
+                }
+                if let Some(token) = Avx2Token::get() {
+                    return f64_avx2(token, src.cast(), dst.cast(), shape);
+                }
+            }
+            4 => {
+                if let Some(token) = Avx512Token::get() {
+                    return f32_avx512(token, src.cast(), dst.cast(), shape);
+                }
+                if let Some(token) = Avx2Token::get() {
+                    return f32_avx2(token, src.cast(), dst.cast(), shape);
+                }
+            }
+            _ => {}
+        }
+        (0, 0)
+    }
+
+    /// Runs `tile(from, to)` on each whole `side × side` tile of the matrix: `from` its
+    /// first element in the source, `to` the destination's place for it. Returns the rows
+    /// and columns covered.
+    ///
+    /// # Safety
+    /// `src` and `dst` hold the matrix as [`super::transpose`] checks; `tile` moves one
+    /// tile between such places.
+    #[inline(always)]
+    unsafe fn each_tile<E>(
+        (src, dst): (*const E, *mut E),
+        (rows, cols, src_stride, dst_stride): (usize, usize, usize, usize),
+        side: usize,
+        mut tile: impl FnMut(*const E, *mut E),
+    ) -> (usize, usize) {
+        let (rows, cols) = (rows / side * side, cols / side * side);
+        for i in (0..rows).step_by(side) {
+            for j in (0..cols).step_by(side) {
+                // SAFETY: (i, j) and the tile below and right of it are inside the matrix.
+                unsafe { tile(src.add(i * src_stride + j), dst.add(j * dst_stride + i)) }
+            }
+        }
+        if rows == 0 || cols == 0 {
+            return (0, 0);
+        }
+        (rows, cols)
+    }
+
+    fn f64_avx512(
+        _: Avx512Token,
+        src: *const f64,
+        dst: *mut f64,
+        shape: (usize, usize, usize, usize),
+    ) -> (usize, usize) {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn go(
+            src: *const f64,
+            dst: *mut f64,
+            shape: (usize, usize, usize, usize),
+        ) -> (usize, usize) {
+            let (ss, ds) = (shape.2, shape.3);
+            // Pairs of rows interleaved (`t[2p]` even columns, `t[2p + 1]` odd ones), then
+            // 128-bit lanes gathered twice: LOW takes lanes 0 and 2 of both registers, HIGH
+            // lanes 1 and 3.
+            const LOW: i32 = 0b10_00_10_00;
+            const HIGH: i32 = 0b11_01_11_01;
+            // SAFETY: the caller's contract; each tile's 8 rows of 8 are in both matrices.
+            unsafe {
+                each_tile((src, dst), shape, 8, |from, to| {
+                    let r: [__m512d; 8] =
+                        std::array::from_fn(|i| _mm512_loadu_pd(from.add(i * ss)));
+                    let t: [__m512d; 8] = std::array::from_fn(|i| match i % 2 {
+                        0 => _mm512_unpacklo_pd(r[i], r[i + 1]),
+                        _ => _mm512_unpackhi_pd(r[i - 1], r[i]),
+                    });
+                    // u[c]: columns c and c + 4 of rows 0..4 (c < 4: lanes in the order
+                    // column c of rows 0, 1, column c + 4 of rows 0, 1, the same of rows
+                    // 2, 3); v[c] the same of rows 4..8.
+                    let u = [
+                        _mm512_shuffle_f64x2::<LOW>(t[0], t[2]),
+                        _mm512_shuffle_f64x2::<LOW>(t[1], t[3]),
+                        _mm512_shuffle_f64x2::<HIGH>(t[0], t[2]),
+                        _mm512_shuffle_f64x2::<HIGH>(t[1], t[3]),
+                    ];
+                    let v = [
+                        _mm512_shuffle_f64x2::<LOW>(t[4], t[6]),
+                        _mm512_shuffle_f64x2::<LOW>(t[5], t[7]),
+                        _mm512_shuffle_f64x2::<HIGH>(t[4], t[6]),
+                        _mm512_shuffle_f64x2::<HIGH>(t[5], t[7]),
+                    ];
+                    for c in 0..4 {
+                        _mm512_storeu_pd(to.add(c * ds), _mm512_shuffle_f64x2::<LOW>(u[c], v[c]));
+                        let high = _mm512_shuffle_f64x2::<HIGH>(u[c], v[c]);
+                        _mm512_storeu_pd(to.add((c + 4) * ds), high);
+                    }
+                })
+            }
+        }
+        // SAFETY: the token proves AVX-512F; the caller checked the slices.
+        unsafe { go(src, dst, shape) }
+    }
+
+    fn f64_avx2(
+        _: Avx2Token,
+        src: *const f64,
+        dst: *mut f64,
+        shape: (usize, usize, usize, usize),
+    ) -> (usize, usize) {
+        #[target_feature(enable = "avx2")]
+        unsafe fn go(
+            src: *const f64,
+            dst: *mut f64,
+            shape: (usize, usize, usize, usize),
+        ) -> (usize, usize) {
+            let (ss, ds) = (shape.2, shape.3);
+            // SAFETY: the caller's contract; each tile's 4 rows of 4 are in both matrices.
+            unsafe {
+                each_tile((src, dst), shape, 4, |from, to| {
+                    let r: [__m256d; 4] =
+                        std::array::from_fn(|i| _mm256_loadu_pd(from.add(i * ss)));
+                    let (even01, odd01) = (
+                        _mm256_unpacklo_pd(r[0], r[1]),
+                        _mm256_unpackhi_pd(r[0], r[1]),
+                    );
+                    let (even23, odd23) = (
+                        _mm256_unpacklo_pd(r[2], r[3]),
+                        _mm256_unpackhi_pd(r[2], r[3]),
+                    );
+                    _mm256_storeu_pd(to, _mm256_permute2f128_pd::<0x20>(even01, even23));
+                    _mm256_storeu_pd(to.add(ds), _mm256_permute2f128_pd::<0x20>(odd01, odd23));
+                    _mm256_storeu_pd(
+                        to.add(2 * ds),
+                        _mm256_permute2f128_pd::<0x31>(even01, even23),
+                    );
+                    _mm256_storeu_pd(to.add(3 * ds), _mm256_permute2f128_pd::<0x31>(odd01, odd23));
+                })
+            }
+        }
+        // SAFETY: the token proves AVX2; the caller checked the slices.
+        unsafe { go(src, dst, shape) }
+    }
+
+    /// One tile of 4-byte elements through [`Vector::transpose`].
+    ///
+    /// # Safety
+    /// The CPU has `V`'s instruction set; both places hold `V::LANES` rows of `V::LANES`.
+    #[inline(always)]
+    unsafe fn f32_tile<V: Vector>(from: *const f32, ss: usize, to: *mut f32, ds: usize) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut r = [V::splat(0.0); 16];
+            let r = &mut r[..V::LANES];
+            for (i, row) in r.iter_mut().enumerate() {
+                *row = V::load(from.add(i * ss));
+            }
+            V::transpose(r);
+            for (j, row) in r.iter().enumerate() {
+                row.store(to.add(j * ds));
+            }
+        }
+    }
+
+    fn f32_avx512(
+        _: Avx512Token,
+        src: *const f32,
+        dst: *mut f32,
+        shape: (usize, usize, usize, usize),
+    ) -> (usize, usize) {
+        #[target_feature(enable = "avx512f,avx512dq")]
+        unsafe fn go(
+            src: *const f32,
+            dst: *mut f32,
+            shape: (usize, usize, usize, usize),
+        ) -> (usize, usize) {
+            let (ss, ds) = (shape.2, shape.3);
+            // SAFETY: the caller's contract, on an AVX-512 CPU.
+            unsafe {
+                each_tile((src, dst), shape, 16, |from, to| {
+                    f32_tile::<__m512>(from, ss, to, ds)
+                })
+            }
+        }
+        // SAFETY: the token proves AVX-512 (F, DQ); the caller checked the slices.
+        unsafe { go(src, dst, shape) }
+    }
+
+    fn f32_avx2(
+        _: Avx2Token,
+        src: *const f32,
+        dst: *mut f32,
+        shape: (usize, usize, usize, usize),
+    ) -> (usize, usize) {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn go(
+            src: *const f32,
+            dst: *mut f32,
+            shape: (usize, usize, usize, usize),
+        ) -> (usize, usize) {
+            let (ss, ds) = (shape.2, shape.3);
+            // SAFETY: the caller's contract, on an AVX2 CPU.
+            unsafe {
+                each_tile((src, dst), shape, 8, |from, to| {
+                    f32_tile::<__m256>(from, ss, to, ds)
+                })
+            }
+        }
+        // SAFETY: the token proves AVX2 and FMA; the caller checked the slices.
+        unsafe { go(src, dst, shape) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element lands where the definition puts it, for shapes around each tile side,
+    /// strided rows on both sides, and the bytes untouched outside the destination's rows.
+    fn check<T: Pod + PartialEq + std::fmt::Debug>(make: impl Fn(usize) -> T, poison: T) {
+        for rows in [1, 3, 4, 7, 8, 9, 15, 16, 17, 33] {
+            for cols in [1, 2, 4, 5, 8, 12, 16, 19, 40] {
+                for pad in [0, 3] {
+                    let (ss, ds) = (cols + pad, rows + 2 * pad);
+                    let src: Vec<T> = (0..rows * ss).map(&make).collect();
+                    let mut dst = vec![poison; cols * ds];
+                    transpose(
+                        (&src, ss),
+                        (&mut dst[..(cols - 1) * ds + rows], ds),
+                        (rows, cols),
+                    );
+                    for j in 0..cols {
+                        for i in 0..ds {
+                            let want = if i < rows { src[i * ss + j] } else { poison };
+                            assert_eq!(dst[j * ds + i], want, "{rows}x{cols} pad {pad} ({i}, {j})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn eight_byte_elements_land_transposed() {
+        check(
+            |i| 0x4000_0000_0000_0000 ^ (i as u64 * 0x9e37_79b9),
+            u64::MAX,
+        );
+    }
+
+    #[test]
+    fn four_byte_elements_land_transposed() {
+        check(|i| i as u32 * 2_654_435_761, u32::MAX);
+    }
+
+    #[test]
+    fn other_sizes_land_transposed() {
+        check(|i| i as u16, u16::MAX);
+    }
+}
