@@ -1,16 +1,16 @@
 //! LU with partial pivoting and Cholesky of one large matrix on the library's threads, in
 //! panels of columns (LAPACK's blocked right-looking `getrf` and `potrf`, with a
-//! look-ahead of one panel): each panel is factored by faer on one thread; one call of the
-//! pool per panel then brings the rest of the matrix past it (for the LU, the other
-//! columns' rows swapped as its pivots say and its rows of U solved; then the rows below
-//! less its L times them: faer's triangular solve and product, one block of columns per
-//! item), while the thread that takes the next panel's columns first updates them and
-//! factors that panel. faer's own parallel factorizations join their threads at every
-//! level of their recursion; on 2 cores of an AMD EPYC VM, 1024 x 1024 f64, back to back:
-//! LU 12.1 ms here, 12.6 ms in faer's parallel LU, 20 ms on one thread; between calls of
-//! PyTorch (20 ms apart, `OMP_WAIT_POLICY=PASSIVE`), where the VM often runs one of its two
-//! threads at a time: LU 19 ms here, 32 ms in faer's (MKL's 20 ms), Cholesky 18 ms in
-//! faer's, 13 ms on one thread.
+//! look-ahead of one panel): each panel is factored by faer on one thread, and its
+//! triangle inverted; one call of the pool per panel then brings the rest of the matrix
+//! past it (for the LU, the other columns' rows swapped as its pivots say and its rows of
+//! U solved as the inverse times them; then the rows below less its L times them: faer's
+//! products, one block of columns per item), while the thread that takes the next panel's
+//! columns first updates them and factors that panel. faer's own parallel factorizations
+//! join their threads at every level of their recursion; on 2 cores of an AMD EPYC VM,
+//! 1024 x 1024 f64, back to back: LU 11.5-12 ms here, 12.6 ms in faer's parallel LU, 20 ms
+//! on one thread; between calls of PyTorch (20 ms apart, `OMP_WAIT_POLICY=PASSIVE`), where
+//! the VM often runs one of its two threads at a time: LU 19 ms here, 32 ms in faer's
+//! (MKL's 20 ms), Cholesky 18 ms in faer's, 13 ms on one thread.
 
 use std::sync::Mutex;
 
@@ -18,12 +18,10 @@ use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::lu::partial_pivoting::factor::{lu_in_place, lu_in_place_scratch};
 use faer::linalg::matmul::matmul;
-use faer::linalg::triangular_solve::{
-    solve_lower_triangular_in_place, solve_unit_lower_triangular_in_place,
-};
+use faer::linalg::triangular_inverse::{invert_lower_triangular, invert_unit_lower_triangular};
 use faer::{Accum, MatMut, MatRef, Par};
 
-use super::{Failure, Real, SCRATCH, workspace};
+use super::{Failure, Real, SCRATCH, identity, workspace};
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::host_zeros;
 
@@ -51,12 +49,21 @@ struct Scratch {
 enum Piece<'a, T> {
     /// Columns of earlier panels: their rows swapped only.
     Left(MatMut<'a, T>),
-    /// Columns right of the panel: rows swapped, the panel's rows of U solved, the rows
-    /// below updated.
-    Right(MatMut<'a, T>),
+    /// Columns right of the panel: rows swapped, the panel's rows of U solved (through a
+    /// copy in the slice), the rows below updated.
+    Right(MatMut<'a, T>, &'a mut [T]),
     /// The next panel's columns: updated as [`Piece::Right`], then factored, their pivots
-    /// written to the slice.
-    Next(MatMut<'a, T>, &'a mut [usize], &'a mut Scratch),
+    /// written to the slice and their unit lower triangle's inverse to the last one.
+    Next(Next<'a, T>),
+}
+
+/// The next panel's columns and what their piece writes besides them.
+struct Next<'a, T> {
+    columns: MatMut<'a, T>,
+    room: &'a mut [T],
+    pivots: &'a mut [usize],
+    scratch: &'a mut Scratch,
+    inverse: &'a mut [T],
 }
 
 /// Factors the column-major `lu` (`m × n`) in place as LAPACK's `getrf` does (L below the
@@ -83,12 +90,18 @@ pub(super) fn factor<T: Real>(
             Default::default(),
         ))?,
     };
+    // The inverse of the panel being applied and of the next one (see `Applied::inverse`;
+    // their diagonals and upper triangles stay the identity's), and room for a copy of the
+    // rows of U of every block of columns.
+    let mut inverse = identity::<T>(PANEL, PANEL)?;
+    let mut next_inverse = identity::<T>(PANEL, PANEL)?;
+    let mut rooms = host_zeros::<T>(SCRATCH, PANEL * BLOCK * n.div_ceil(BLOCK))?;
     let first = PANEL.min(steps);
     factor_panel(
         lu.as_mut().get_mut(.., ..first),
-        0,
-        &mut pivots[..first],
+        (0, &mut pivots[..first]),
         &mut scratch,
+        &mut inverse,
     );
     let mut start = 0;
     while start < steps {
@@ -97,24 +110,42 @@ pub(super) fn factor<T: Real>(
         let (left, rest) = lu.as_mut().split_at_col_mut(start);
         let (panel, mut right) = rest.split_at_col_mut(width);
         let (done, later) = pivots.split_at_mut(end);
+        let mut rooms = rooms.chunks_mut(PANEL * BLOCK);
         let mut pieces = Vec::new();
         if end < steps {
             let next = PANEL.min(steps - end);
             let (columns, rest) = right.split_at_col_mut(next);
-            pieces.push(Piece::Next(columns, &mut later[..next], &mut scratch));
+            pieces.push(Piece::Next(Next {
+                columns,
+                room: rooms.next().expect("room for each block of columns"),
+                pivots: &mut later[..next],
+                scratch: &mut scratch,
+                inverse: &mut next_inverse,
+            }));
             right = rest;
         }
-        pieces.extend(blocks(right).into_iter().map(Piece::Right));
+        pieces.extend(
+            blocks(right)
+                .into_iter()
+                .zip(rooms)
+                .map(|(b, s)| Piece::Right(b, s)),
+        );
         pieces.extend(blocks(left).into_iter().map(Piece::Left));
-        let (panel, swaps) = (panel.as_ref(), &done[start..]);
+        let panel = Applied {
+            panel: panel.as_ref(),
+            start,
+            swaps: &done[start..],
+            inverse: inverse_view(&inverse, width),
+        };
         crate::runtime::threads::for_each_on(threads, pieces, &|piece| match piece {
-            Piece::Left(columns) => swap_rows(columns, start, swaps),
-            Piece::Right(columns) => update(columns, panel, start, swaps),
-            Piece::Next(mut columns, pivots, scratch) => {
-                update(columns.as_mut(), panel, start, swaps);
-                factor_panel(columns, end, pivots, scratch);
+            Piece::Left(columns) => swap_rows(columns, start, panel.swaps),
+            Piece::Right(columns, room) => update(columns, &panel, room),
+            Piece::Next(mut next) => {
+                update(next.columns.as_mut(), &panel, next.room);
+                factor_panel(next.columns, (end, next.pivots), next.scratch, next.inverse);
             }
         });
+        std::mem::swap(&mut inverse, &mut next_inverse);
         start = end;
     }
     for (i, row) in rows.iter_mut().enumerate() {
@@ -140,15 +171,22 @@ fn blocks<T>(mut columns: MatMut<'_, T>) -> Vec<MatMut<'_, T>> {
     blocks
 }
 
-/// Factors rows `start..` of the panel `columns` with faer on this thread and writes its
-/// pivots (rows from 0 of the whole matrix) into `pivots`.
+/// The `width × width` inverse at the top left of a `PANEL × PANEL` buffer.
+fn inverse_view<T: Real>(buffer: &[T], width: usize) -> MatRef<'_, T> {
+    MatRef::from_column_major_slice_with_stride(buffer, width, width, PANEL)
+}
+
+/// Factors rows `start..` of the panel `columns` with faer on this thread, writes its
+/// pivots (rows from 0 of the whole matrix) into `pivots` and the inverse of its unit lower
+/// triangle into `inverse` (a `PANEL × PANEL` identity but for earlier panels' inverses).
 fn factor_panel<T: Real>(
-    columns: MatMut<'_, T>,
-    start: usize,
-    pivots: &mut [usize],
+    mut columns: MatMut<'_, T>,
+    (start, pivots): (usize, &mut [usize]),
     scratch: &mut Scratch,
+    inverse: &mut [T],
 ) {
     let rows = columns.nrows() - start;
+    let inverse_out = inverse;
     let Scratch {
         forward,
         inverse,
@@ -158,12 +196,19 @@ fn factor_panel<T: Real>(
     } = scratch;
     let (forward, inverse) = (&mut forward[..rows], &mut inverse[..rows]);
     lu_in_place(
-        columns.subrows_mut(start, rows),
+        columns.as_mut().subrows_mut(start, rows),
         forward,
         inverse,
         Par::Seq,
         MemStack::new(workspace),
         Default::default(),
+    );
+    // Only the strictly lower triangle is written: the rest stays the identity's.
+    let width = columns.ncols();
+    invert_unit_lower_triangular(
+        MatMut::from_column_major_slice_with_stride_mut(inverse_out, width, width, PANEL),
+        columns.as_ref().subrows(start, width),
+        Par::Seq,
     );
     // The swaps that put the panel's rows in faer's order, one per column (as faer found
     // them: each brings the row `forward` names to its step).
@@ -196,31 +241,39 @@ fn swap_rows<T: Real>(mut columns: MatMut<'_, T>, start: usize, swaps: &[usize])
     }
 }
 
-/// Brings `columns` (right of the panel) past the panel from `start`: their rows swapped,
-/// the panel's rows solved by its unit lower triangle (rows of U), the rows below less the
-/// panel's L times them.
-fn update<T: Real>(
-    mut columns: MatMut<'_, T>,
-    panel: MatRef<'_, T>,
+/// A factored panel as the columns right of it read it.
+struct Applied<'a, T> {
+    /// The panel's columns (all rows).
+    panel: MatRef<'a, T>,
+    /// Its first column and row.
     start: usize,
-    swaps: &[usize],
-) {
+    /// Its pivots (see [`swap_rows`]).
+    swaps: &'a [usize],
+    /// Its unit lower triangle inverted, `L₁₁⁻¹`: a block's rows of U are the product
+    /// `L₁₁⁻¹ A₁₂` (faer's product took 85 µs a block of 128 x 128 where its triangular
+    /// solve took 135 µs, on an AMD EPYC VM).
+    inverse: MatRef<'a, T>,
+}
+
+/// Brings `columns` (right of the panel) past the panel: their rows swapped, the panel's
+/// rows solved by its unit lower triangle (rows of U, through a copy in `room`), the
+/// rows below less the panel's L times them.
+fn update<T: Real>(mut columns: MatMut<'_, T>, applied: &Applied<'_, T>, room: &mut [T]) {
+    let Applied {
+        panel,
+        start,
+        swaps,
+        inverse,
+    } = *applied;
     swap_rows(columns.as_mut(), start, swaps);
-    let width = panel.ncols();
+    let (width, cols) = (panel.ncols(), columns.ncols());
     let (_, lower) = columns.split_at_row_mut(start);
     let (mut u, below) = lower.split_at_row_mut(width);
-    let (l_top, l_below) = panel
-        .subrows(start, panel.nrows() - start)
-        .split_at_row(width);
-    solve_unit_lower_triangular_in_place(l_top, u.as_mut(), Par::Seq);
-    matmul(
-        below,
-        Accum::Add,
-        l_below,
-        u.as_ref(),
-        T::from_f64(-1.0),
-        Par::Seq,
-    );
+    let swapped = copy_of(u.as_ref(), &mut room[..width * cols]);
+    let one = T::from_f64(1.0);
+    matmul(u.as_mut(), Accum::Replace, inverse, swapped, one, Par::Seq);
+    let l_below = panel.subrows(start + width, panel.nrows() - start - width);
+    matmul(below, Accum::Add, l_below, u.as_ref(), -one, Par::Seq);
 }
 
 /// Columns of one Cholesky panel's call (from the column of the matrix named) and what is
@@ -229,7 +282,19 @@ enum Block<'a, T> {
     /// Columns right of the panel: their rows from the first one down updated.
     Right(usize, MatMut<'a, T>),
     /// The next panel's columns: updated, then factored.
-    Next(usize, MatMut<'a, T>, &'a mut MemBuffer),
+    Next(usize, MatMut<'a, T>, &'a mut Room<T>),
+}
+
+/// What factoring a Cholesky panel needs besides the matrix; one panel is factored at a
+/// time.
+struct Room<T> {
+    /// faer's workspace for the diagonal block.
+    workspace: MemBuffer,
+    /// The diagonal block's factor inverted (`PANEL × PANEL`, column-major; a narrower
+    /// last panel's at its top left; the upper triangle stays zero).
+    inverse: Vec<T>,
+    /// A copy of the rows below the diagonal block (`n × PANEL`).
+    rows: Vec<T>,
 }
 
 /// Factors the `n × n` matrix `a`'s lower triangle in place as LAPACK's `potrf` does
@@ -239,13 +304,17 @@ enum Block<'a, T> {
 /// factorization does.
 pub(super) fn cholesky<T: Real>(mut a: MatMut<'_, T>, threads: usize) -> Result<(), Failure> {
     let n = a.nrows();
-    let mut buffer = workspace(llt::cholesky_in_place_scratch::<T>(
-        PANEL,
-        Par::Seq,
-        Default::default(),
-    ))?;
+    let mut room = Room {
+        workspace: workspace(llt::cholesky_in_place_scratch::<T>(
+            PANEL,
+            Par::Seq,
+            Default::default(),
+        ))?,
+        inverse: host_zeros(SCRATCH, PANEL * PANEL)?,
+        rows: host_zeros(SCRATCH, n * PANEL)?,
+    };
     let first = PANEL.min(n);
-    factor_columns(a.as_mut().get_mut(.., ..first), 0, &mut buffer)?;
+    factor_columns(a.as_mut().get_mut(.., ..first), 0, &mut room)?;
     let mut start = 0;
     while start < n {
         let end = start + PANEL.min(n - start);
@@ -254,7 +323,7 @@ pub(super) fn cholesky<T: Real>(mut a: MatMut<'_, T>, threads: usize) -> Result<
         let mut pieces = Vec::new();
         if end < n {
             let (columns, rest) = right.split_at_col_mut(PANEL.min(n - end));
-            pieces.push(Block::Next(end, columns, &mut buffer));
+            pieces.push(Block::Next(end, columns, &mut room));
             right = rest;
         }
         let mut column = end + pieces.first().map_or(0, |_| PANEL.min(n - end));
@@ -267,9 +336,9 @@ pub(super) fn cholesky<T: Real>(mut a: MatMut<'_, T>, threads: usize) -> Result<
         let failure = Mutex::new(None);
         crate::runtime::threads::for_each_on(threads, pieces, &|piece| match piece {
             Block::Right(first, columns) => update_lower(columns, panel, first),
-            Block::Next(first, mut columns, buffer) => {
+            Block::Next(first, mut columns, room) => {
                 update_lower(columns.as_mut(), panel, first);
-                if let Err(error) = factor_columns(columns, first, buffer) {
+                if let Err(error) = factor_columns(columns, first, room) {
                     *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
                 }
             }
@@ -294,11 +363,12 @@ fn update_lower<T: Real>(columns: MatMut<'_, T>, panel: MatRef<'_, T>, first: us
 
 /// Factors the panel `columns` (columns `first..` of the matrix, already updated): its
 /// diagonal block by faer's Cholesky, the rows below solved by that factor
-/// (`L₂₁ = A₂₁ L₁₁⁻ᵀ`).
+/// (`L₂₁ = A₂₁ L₁₁⁻ᵀ`, as the product by its inverse: faer's triangular solve of 896 rows
+/// ran at 15 GFLOP/s on an AMD EPYC VM, on the critical path of every step).
 fn factor_columns<T: Real>(
     columns: MatMut<'_, T>,
     first: usize,
-    buffer: &mut MemBuffer,
+    room: &mut Room<T>,
 ) -> Result<(), Failure> {
     let width = columns.ncols();
     let (_, lower) = columns.split_at_row_mut(first);
@@ -307,7 +377,7 @@ fn factor_columns<T: Real>(
         diagonal.as_mut(),
         Default::default(),
         Par::Seq,
-        MemStack::new(buffer),
+        MemStack::new(&mut room.workspace),
         Default::default(),
     )
     .map_err(|llt::LltError::NonPositivePivot { index }| {
@@ -315,6 +385,30 @@ fn factor_columns<T: Real>(
             minor: first + index + 1,
         }
     })?;
-    solve_lower_triangular_in_place(diagonal.as_ref(), below.transpose_mut(), Par::Seq);
+    let mut inverse =
+        MatMut::from_column_major_slice_with_stride_mut(&mut room.inverse, width, width, PANEL);
+    invert_lower_triangular(inverse.as_mut(), diagonal.as_ref(), Par::Seq);
+    let rows = below.nrows();
+    let factored = copy_of(below.as_ref(), &mut room.rows[..rows * width]);
+    let one = T::from_f64(1.0);
+    let inverse = inverse.as_ref().transpose();
+    matmul(below, Accum::Replace, factored, inverse, one, Par::Seq);
     Ok(())
+}
+
+/// A copy of `m` in `room` (its size), laid out as `m` is, column- or row-major: the
+/// element order faer's `copy_from` gives moved 896 x 128 f64 at 3 GB/s on an AMD EPYC VM.
+fn copy_of<'r, T: Real>(m: MatRef<'_, T>, room: &'r mut [T]) -> MatRef<'r, T> {
+    if m.row_stride() != 1 && m.col_stride() == 1 {
+        return copy_of(m.transpose(), room).transpose();
+    }
+    let rows = m.nrows();
+    for (j, to) in room.chunks_exact_mut(rows.max(1)).enumerate() {
+        let from = m.col(j).try_as_col_major();
+        to.copy_from_slice(
+            from.expect("the panels are column- or row-major")
+                .as_slice(),
+        );
+    }
+    MatRef::from_column_major_slice(room, rows, m.ncols())
 }
