@@ -530,6 +530,30 @@ pub(crate) fn coalesced(shape: &[usize], strides: &[usize]) -> (Vec<usize>, Vec<
     (sizes, steps)
 }
 
+/// Calls `visit(at, item)` for the items in turn, `at` walking the index space `sizes` in
+/// row-major order: `start` plus the index times `strides` (a view's outer dimensions).
+pub(crate) fn for_each_offset<I>(
+    (sizes, strides): (&[usize], &[usize]),
+    start: usize,
+    items: impl IntoIterator<Item = I>,
+    mut visit: impl FnMut(usize, I),
+) {
+    let mut index = vec![0usize; sizes.len()];
+    let mut at = start;
+    for item in items {
+        visit(at, item);
+        for d in (0..sizes.len()).rev() {
+            index[d] += 1;
+            at += strides[d];
+            if index[d] < sizes[d] {
+                break;
+            }
+            at -= strides[d] * sizes[d];
+            index[d] = 0;
+        }
+    }
+}
+
 /// Row-major strides of `shape`.
 pub(crate) fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];
@@ -835,22 +859,11 @@ impl Tensor {
             return;
         }
         let (shape, strides) = coalesced(&self.shape, &self.strides);
-        let (run, step) = (shape[shape.len() - 1], strides[strides.len() - 1]);
-        let outer = &shape[..shape.len() - 1];
-        let mut index = vec![0usize; outer.len()];
-        let mut at = self.offset;
-        for start in (0..numel).step_by(run) {
-            visit(start..start + run, at, step);
-            for d in (0..outer.len()).rev() {
-                index[d] += 1;
-                at += strides[d];
-                if index[d] < outer[d] {
-                    break;
-                }
-                at -= strides[d] * outer[d];
-                index[d] = 0;
-            }
-        }
+        let rank = shape.len();
+        let (run, step) = (shape[rank - 1], strides[rank - 1]);
+        let runs = (0..numel).step_by(run).map(|start| start..start + run);
+        let outer = (&shape[..rank - 1], &strides[..rank - 1]);
+        for_each_offset(outer, self.offset, runs, |at, rows| visit(rows, at, step));
     }
 
     /// The elements in row-major order, without a copy, where the tensor is a contiguous

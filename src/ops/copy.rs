@@ -5,9 +5,12 @@
 //! wgpu; views of more than 8 dimensions that do not merge), the copy runs on the host in
 //! the tensor's dtype.
 
-use crate::core::tensor::{Storage, checked_numel, coalesced};
+use crate::core::tensor::{
+    Element, Storage, checked_numel, coalesced, for_each_offset, host_zeros,
+};
 use crate::core::trace::{self, Call};
 use crate::core::view::view_strides;
+use crate::kernels::transpose::transpose;
 use crate::kernels::{Elem, KernelKey, StridedCopyKey};
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::long_arg;
@@ -26,7 +29,10 @@ impl Tensor {
             return Ok(self.clone());
         }
         match self.device() {
-            Device::Cpu => self.to_device(Device::Cpu),
+            Device::Cpu => match transposed_planes(self)? {
+                Some(copy) => Ok(copy),
+                None => self.to_device(Device::Cpu),
+            },
             device => {
                 let describe = |how: &str| {
                     let how = how.to_string();
@@ -182,6 +188,39 @@ pub(crate) fn check_out(
         });
     }
     Ok(())
+}
+
+/// A CPU view whose innermost two (merged) dimensions are a transposed plane (`x.t()`, or
+/// a permutation that moves the contiguous dimension inward) copied row-major, plane by
+/// plane in register tiles; `None` for other views. Element by element down the source, a
+/// 2048 x 2048 f32 `x.t()` took 27 ms on an AMD EPYC VM.
+fn transposed_planes(t: &Tensor) -> Result<Option<Tensor>> {
+    let (shape, strides) = coalesced(t.shape(), t.strides());
+    let rank = shape.len();
+    if rank < 2 || strides[rank - 1] == 1 || strides[rank - 2] != 1 {
+        return Ok(None);
+    }
+    fn copy<T: Element>(t: &Tensor, (shape, strides): (&[usize], &[usize])) -> Result<Tensor> {
+        let rank = shape.len();
+        let (rows, cols, step) = (shape[rank - 2], shape[rank - 1], strides[rank - 1]);
+        let data = t.host::<T>("contiguous")?;
+        let mut out = host_zeros::<T>("contiguous", t.numel())?;
+        let planes = out.chunks_exact_mut(rows * cols);
+        let outer = (&shape[..rank - 2], &strides[..rank - 2]);
+        for_each_offset(outer, t.offset(), planes, |at, plane| {
+            transpose((&data[at..], step), (plane, cols), (cols, rows))
+        });
+        Tensor::from_vec(out, t.shape(), Device::Cpu)
+    }
+    let view = (&shape[..], &strides[..]);
+    Ok(Some(match t.dtype() {
+        DType::F32 => copy::<f32>(t, view)?,
+        DType::F64 => copy::<f64>(t, view)?,
+        DType::F16 => copy::<half::f16>(t, view)?,
+        DType::Bf16 => copy::<half::bf16>(t, view)?,
+        DType::I32 => copy::<i32>(t, view)?,
+        DType::Bool => return Ok(None),
+    }))
 }
 
 /// The element type whose size the kernels copy for `dtype`, if they copy it.
