@@ -76,6 +76,9 @@ mod x86 {
     use crate::kernels::simd::Vector;
     use crate::runtime::cpu::{Avx2Token, Avx512Token};
 
+    /// Rows, columns, the source's row stride and the destination's.
+    type Shape = (usize, usize, usize, usize);
+
     /// Transposes the whole tiles at the top left of the matrix (as [`super::transpose`],
     /// whose checks the slices passed) where the CPU and the element size have a register
     /// kernel, and returns the rows and columns they covered (`(0, 0)` where none ran).
@@ -119,7 +122,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn each_tile<E>(
         (src, dst): (*const E, *mut E),
-        (rows, cols, src_stride, dst_stride): (usize, usize, usize, usize),
+        (rows, cols, src_stride, dst_stride): Shape,
         side: usize,
         mut tile: impl FnMut(*const E, *mut E),
     ) -> (usize, usize) {
@@ -136,18 +139,9 @@ mod x86 {
         (rows, cols)
     }
 
-    fn f64_avx512(
-        _: Avx512Token,
-        src: *const f64,
-        dst: *mut f64,
-        shape: (usize, usize, usize, usize),
-    ) -> (usize, usize) {
+    fn f64_avx512(_: Avx512Token, src: *const f64, dst: *mut f64, shape: Shape) -> (usize, usize) {
         #[target_feature(enable = "avx512f")]
-        unsafe fn go(
-            src: *const f64,
-            dst: *mut f64,
-            shape: (usize, usize, usize, usize),
-        ) -> (usize, usize) {
+        unsafe fn go(src: *const f64, dst: *mut f64, shape: Shape) -> (usize, usize) {
             let (ss, ds) = (shape.2, shape.3);
             // Pairs of rows interleaved (`t[2p]` even columns, `t[2p + 1]` odd ones), then
             // 128-bit lanes gathered twice: LOW takes lanes 0 and 2 of both registers, HIGH
@@ -190,18 +184,9 @@ mod x86 {
         unsafe { go(src, dst, shape) }
     }
 
-    fn f64_avx2(
-        _: Avx2Token,
-        src: *const f64,
-        dst: *mut f64,
-        shape: (usize, usize, usize, usize),
-    ) -> (usize, usize) {
+    fn f64_avx2(_: Avx2Token, src: *const f64, dst: *mut f64, shape: Shape) -> (usize, usize) {
         #[target_feature(enable = "avx2")]
-        unsafe fn go(
-            src: *const f64,
-            dst: *mut f64,
-            shape: (usize, usize, usize, usize),
-        ) -> (usize, usize) {
+        unsafe fn go(src: *const f64, dst: *mut f64, shape: Shape) -> (usize, usize) {
             let (ss, ds) = (shape.2, shape.3);
             // SAFETY: the caller's contract; each tile's 4 rows of 4 are in both matrices.
             unsafe {
@@ -231,11 +216,7 @@ mod x86 {
     }
 
     /// 2-byte elements in 8 x 8 tiles of SSE2 registers (x86-64's baseline).
-    fn u16_sse2(
-        src: *const u16,
-        dst: *mut u16,
-        shape: (usize, usize, usize, usize),
-    ) -> (usize, usize) {
+    fn u16_sse2(src: *const u16, dst: *mut u16, shape: Shape) -> (usize, usize) {
         let (ss, ds) = (shape.2, shape.3);
         // SAFETY: the caller checked the slices (each tile's 8 rows of 8 are in both
         // matrices); SSE2 is part of x86-64.
@@ -276,69 +257,44 @@ mod x86 {
         }
     }
 
-    /// One tile of 4-byte elements through [`Vector::transpose`].
+    /// 4-byte elements in tiles of `V::LANES` rows through [`Vector::transpose`].
     ///
     /// # Safety
-    /// The CPU has `V`'s instruction set; both places hold `V::LANES` rows of `V::LANES`.
+    /// The CPU has `V`'s instruction set; the caller checked the slices.
     #[inline(always)]
-    unsafe fn f32_tile<V: Vector>(from: *const f32, ss: usize, to: *mut f32, ds: usize) {
-        // SAFETY: the caller's contract.
+    unsafe fn f32_tiles<V: Vector>(src: *const f32, dst: *mut f32, shape: Shape) -> (usize, usize) {
+        let (ss, ds) = (shape.2, shape.3);
+        // SAFETY: the caller's contract; each tile's rows are in both matrices.
         unsafe {
-            let mut r = [V::splat(0.0); 16];
-            let r = &mut r[..V::LANES];
-            for (i, row) in r.iter_mut().enumerate() {
-                *row = V::load(from.add(i * ss));
-            }
-            V::transpose(r);
-            for (j, row) in r.iter().enumerate() {
-                row.store(to.add(j * ds));
-            }
+            each_tile((src, dst), shape, V::LANES, |from, to| {
+                let mut r = [V::splat(0.0); 16];
+                let r = &mut r[..V::LANES];
+                for (i, row) in r.iter_mut().enumerate() {
+                    *row = V::load(from.add(i * ss));
+                }
+                V::transpose(r);
+                for (j, row) in r.iter().enumerate() {
+                    row.store(to.add(j * ds));
+                }
+            })
         }
     }
 
-    fn f32_avx512(
-        _: Avx512Token,
-        src: *const f32,
-        dst: *mut f32,
-        shape: (usize, usize, usize, usize),
-    ) -> (usize, usize) {
+    fn f32_avx512(_: Avx512Token, src: *const f32, dst: *mut f32, shape: Shape) -> (usize, usize) {
         #[target_feature(enable = "avx512f,avx512dq")]
-        unsafe fn go(
-            src: *const f32,
-            dst: *mut f32,
-            shape: (usize, usize, usize, usize),
-        ) -> (usize, usize) {
-            let (ss, ds) = (shape.2, shape.3);
+        unsafe fn go(src: *const f32, dst: *mut f32, shape: Shape) -> (usize, usize) {
             // SAFETY: the caller's contract, on an AVX-512 CPU.
-            unsafe {
-                each_tile((src, dst), shape, 16, |from, to| {
-                    f32_tile::<__m512>(from, ss, to, ds)
-                })
-            }
+            unsafe { f32_tiles::<__m512>(src, dst, shape) }
         }
         // SAFETY: the token proves AVX-512 (F, DQ); the caller checked the slices.
         unsafe { go(src, dst, shape) }
     }
 
-    fn f32_avx2(
-        _: Avx2Token,
-        src: *const f32,
-        dst: *mut f32,
-        shape: (usize, usize, usize, usize),
-    ) -> (usize, usize) {
+    fn f32_avx2(_: Avx2Token, src: *const f32, dst: *mut f32, shape: Shape) -> (usize, usize) {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn go(
-            src: *const f32,
-            dst: *mut f32,
-            shape: (usize, usize, usize, usize),
-        ) -> (usize, usize) {
-            let (ss, ds) = (shape.2, shape.3);
+        unsafe fn go(src: *const f32, dst: *mut f32, shape: Shape) -> (usize, usize) {
             // SAFETY: the caller's contract, on an AVX2 CPU.
-            unsafe {
-                each_tile((src, dst), shape, 8, |from, to| {
-                    f32_tile::<__m256>(from, ss, to, ds)
-                })
-            }
+            unsafe { f32_tiles::<__m256>(src, dst, shape) }
         }
         // SAFETY: the token proves AVX2 and FMA; the caller checked the slices.
         unsafe { go(src, dst, shape) }
