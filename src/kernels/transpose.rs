@@ -340,7 +340,7 @@ mod tests {
 
     #[test]
     fn four_byte_elements_land_transposed() {
-        check(|i| i as u32 * 2_654_435_761, u32::MAX);
+        check(|i| (i as u32).wrapping_mul(2_654_435_761), u32::MAX);
     }
 
     #[test]

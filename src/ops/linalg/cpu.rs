@@ -239,6 +239,7 @@ fn transpose_into<T: Pod + Send + Sync>(
     if threads == 1 || dst.len() < PARALLEL_TRANSPOSE {
         return transpose((src, stride), (dst, rows), (rows, cols));
     }
+    // Whole tiles in each part (16 columns: the widest tile).
     let per = cols.div_ceil(threads).next_multiple_of(16);
     let parts = dst.chunks_mut(per * rows).enumerate().collect();
     crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
