@@ -7,6 +7,10 @@
 
 use bytemuck::Pod;
 
+/// Columns of the widest register tile: a matrix split into parts of a multiple of this
+/// many columns leaves no tile across two parts.
+pub(crate) const WIDEST_TILE: usize = 16;
+
 /// Copies the `rows × cols` matrix whose row `i` starts at `src[i * src_stride]` into `dst`
 /// transposed: its column `j` becomes the row starting at `dst[j * dst_stride]`.
 ///
@@ -267,7 +271,7 @@ mod x86 {
         // SAFETY: the caller's contract; each tile's rows are in both matrices.
         unsafe {
             each_tile((src, dst), shape, V::LANES, |from, to| {
-                let mut r = [V::splat(0.0); 16];
+                let mut r = [V::splat(0.0); super::WIDEST_TILE];
                 let r = &mut r[..V::LANES];
                 for (i, row) in r.iter_mut().enumerate() {
                     *row = V::load(from.add(i * ss));

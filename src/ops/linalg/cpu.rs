@@ -21,7 +21,7 @@ use faer::{Conj, MatMut, MatRef, Par};
 
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::{Element, host_zeros};
-use crate::kernels::transpose::transpose;
+use crate::kernels::transpose::{WIDEST_TILE, transpose};
 use crate::{Device, Error};
 
 mod panels;
@@ -239,8 +239,7 @@ fn transpose_into<T: Pod + Send + Sync>(
     if threads == 1 || dst.len() < PARALLEL_TRANSPOSE {
         return transpose((src, stride), (dst, rows), (rows, cols));
     }
-    // Whole tiles in each part (16 columns: the widest tile).
-    let per = cols.div_ceil(threads).next_multiple_of(16);
+    let per = cols.div_ceil(threads).next_multiple_of(WIDEST_TILE);
     let parts = dst.chunks_mut(per * rows).enumerate().collect();
     crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
         let columns = dst.len() / rows;

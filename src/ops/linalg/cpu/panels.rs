@@ -53,7 +53,7 @@ enum Piece<'a, T> {
     /// copy in the slice), the rows below updated.
     Right(MatMut<'a, T>, &'a mut [T]),
     /// The next panel's columns: updated as [`Piece::Right`], then factored, their pivots
-    /// written to the slice and their unit lower triangle's inverse to the last one.
+    /// and their unit lower triangle's inverse written to [`Next`]'s slices.
     Next(Next<'a, T>),
 }
 
@@ -131,17 +131,17 @@ pub(super) fn factor<T: Real>(
                 .map(|(b, s)| Piece::Right(b, s)),
         );
         pieces.extend(blocks(left).into_iter().map(Piece::Left));
-        let panel = Applied {
+        let applied = Applied {
             panel: panel.as_ref(),
             start,
             swaps: &done[start..],
             inverse: inverse_view(&inverse, width),
         };
         crate::runtime::threads::for_each_on(threads, pieces, &|piece| match piece {
-            Piece::Left(columns) => swap_rows(columns, start, panel.swaps),
-            Piece::Right(columns, room) => update(columns, &panel, room),
+            Piece::Left(columns) => swap_rows(columns, start, applied.swaps),
+            Piece::Right(columns, room) => update(columns, &applied, room),
             Piece::Next(mut next) => {
-                update(next.columns.as_mut(), &panel, next.room);
+                update(next.columns.as_mut(), &applied, next.room);
                 factor_panel(next.columns, (end, next.pivots), next.scratch, next.inverse);
             }
         });
@@ -178,15 +178,14 @@ fn inverse_view<T: Real>(buffer: &[T], width: usize) -> MatRef<'_, T> {
 
 /// Factors rows `start..` of the panel `columns` with faer on this thread, writes its
 /// pivots (rows from 0 of the whole matrix) into `pivots` and the inverse of its unit lower
-/// triangle into `inverse` (a `PANEL × PANEL` identity but for earlier panels' inverses).
+/// triangle into `l_inverse` (a `PANEL × PANEL` identity but for earlier panels' inverses).
 fn factor_panel<T: Real>(
     mut columns: MatMut<'_, T>,
     (start, pivots): (usize, &mut [usize]),
     scratch: &mut Scratch,
-    inverse: &mut [T],
+    l_inverse: &mut [T],
 ) {
     let rows = columns.nrows() - start;
-    let inverse_out = inverse;
     let Scratch {
         forward,
         inverse,
@@ -206,7 +205,7 @@ fn factor_panel<T: Real>(
     // Only the strictly lower triangle is written: the rest stays the identity's.
     let width = columns.ncols();
     invert_unit_lower_triangular(
-        MatMut::from_column_major_slice_with_stride_mut(inverse_out, width, width, PANEL),
+        MatMut::from_column_major_slice_with_stride_mut(l_inverse, width, width, PANEL),
         columns.as_ref().subrows(start, width),
         Par::Seq,
     );
