@@ -197,12 +197,12 @@ fn scoped(count: usize, task: &(dyn Fn(usize, usize) + Sync)) {
     }
 }
 
-/// Runs `work` on every item, on a team of at most one thread per item (the calling
-/// thread and the pool's workers, see [`parallel`]), each thread taking the next item left
-/// until none is: a worker that starts late takes fewer, and one that has not started when
-/// the caller finds none left is not waited for.
+/// Runs `work` on every item, on a team of at most one thread per item and at most
+/// [`get_num_threads`] (the calling thread and the pool's workers, see [`parallel`]), each
+/// thread taking the next item left until none is: a worker that starts late takes fewer,
+/// and one that has not started when the caller finds none left is not waited for.
 pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
-    let team = items.len();
+    let team = items.len().min(get_num_threads());
     for_each_on(team, items, work);
 }
 
@@ -504,6 +504,30 @@ mod tests {
         }
         // And the pool still runs every index of a call that needs them all at once.
         assert_eq!(meet(3), (3, vec![1; 3]));
+    }
+
+    #[test]
+    fn for_each_runs_on_no_more_threads_than_get_num_threads() {
+        // Many slow items: without the cap each would get a thread of its own (an FFT's
+        // batch of 64 matrices started 63 workers under `set_num_threads(1)`).
+        let threads = Mutex::new(Vec::new());
+        let done = AtomicUsize::new(0);
+        for_each((0..64).collect(), &|_: usize| {
+            std::thread::sleep(Duration::from_micros(300));
+            let id = std::thread::current().id();
+            let mut seen = lock(&threads);
+            if !seen.contains(&id) {
+                seen.push(id);
+            }
+            done.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(done.load(Ordering::Relaxed), 64);
+        let used = threads.into_inner().unwrap().len();
+        assert!(
+            (1..=get_num_threads()).contains(&used),
+            "{used} threads for get_num_threads() = {}",
+            get_num_threads()
+        );
     }
 
     #[test]
