@@ -144,6 +144,43 @@ fn fft2_matches_row_then_column_dfts() {
     }
 }
 
+/// Signals larger than the size from which the work is shared, in f32 (complex pairs moved
+/// as 8-byte words) and f64: fewer signals than threads (each pass over all of them, the
+/// column passes through transposed copies split over the threads) and more (whole signals
+/// per item, column blocks through padded lines), on 3 threads.
+#[test]
+fn multidimensional_transforms_of_few_and_many_large_signals_match_in_f32_and_f64() {
+    use fft::FftArgs;
+    let _s = serial();
+    let threads = backends::get_num_threads();
+    backends::set_num_threads(3).unwrap();
+    for (dtype, bound) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+        // One matrix, two (both fewer than the threads), and eight.
+        for [b, h, w] in [[1, 190, 210], [2, 130, 140], [8, 64, 80]] {
+            let t = Tensor::from_f64(&random(b * h * w * 2), &[b, h, w, 2], dtype, Device::Cpu)
+                .unwrap();
+            let x = t.to_f64().unwrap();
+            let out = fft::fft2(&t).unwrap();
+            assert_eq!(out.dtype(), dtype);
+            let err = rel_err(&out.to_f64().unwrap(), &dft2(&x, h, w, false));
+            assert!(err < bound, "{dtype} fft2 {b}x{h}x{w}: {err:e}");
+        }
+        // A 3-D signal: its middle and first dimensions are column passes of [30, 36] and
+        // [40, 1080] matrices.
+        let shape = [40, 30, 36];
+        let t =
+            Tensor::from_f64(&random(43_200 * 2), &[40, 30, 36, 2], dtype, Device::Cpu).unwrap();
+        let x = t.to_f64().unwrap();
+        let (a, sa) = dft_along(&x, &shape, 0, (40, false, 1.0));
+        let (b, sb) = dft_along(&a, &sa, 1, (30, false, 1.0));
+        let (want, _) = dft_along(&b, &sb, 2, (36, false, 1.0));
+        let got = fft::fftn(&t, &FftArgs::default()).unwrap();
+        let err = rel_err(&got.to_f64().unwrap(), &want);
+        assert!(err < bound, "{dtype} fftn {shape:?}: {err:e}");
+    }
+    backends::set_num_threads(threads).unwrap();
+}
+
 #[test]
 fn large_batches_spread_over_the_threads_match_in_f32_and_f64() {
     let _s = serial();

@@ -9,7 +9,7 @@ use bytemuck::Pod;
 
 /// Columns of the widest register tile: a matrix split into parts of a multiple of this
 /// many columns leaves no tile across two parts.
-pub(crate) const WIDEST_TILE: usize = 16;
+const WIDEST_TILE: usize = 16;
 
 /// Copies the `rows × cols` matrix whose row `i` starts at `src[i * src_stride]` into `dst`
 /// transposed: its column `j` becomes the row starting at `dst[j * dst_stride]`.
@@ -52,6 +52,27 @@ pub(crate) fn transpose<T: Pod>(
             (tiled_rows, cols - tiled_cols),
         );
     }
+}
+
+/// [`transpose`] of the `rows × cols` matrix whose rows start `stride` apart in `src` into
+/// `dst` (row-major `cols × rows`), on up to `threads` threads of the pool, each taking
+/// a part of the columns in whole tiles.
+pub(crate) fn transpose_on<T: Pod + Send + Sync>(
+    threads: usize,
+    (src, stride): (&[T], usize),
+    (rows, cols): (usize, usize),
+    dst: &mut [T],
+) {
+    let dst = &mut dst[..rows * cols];
+    if threads <= 1 || cols <= WIDEST_TILE {
+        return transpose((src, stride), (dst, rows), (rows, cols));
+    }
+    let per = cols.div_ceil(threads).next_multiple_of(WIDEST_TILE);
+    let parts = dst.chunks_mut(per * rows).enumerate().collect();
+    crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
+        let columns = dst.len() / rows;
+        transpose((&src[part * per..], stride), (dst, rows), (rows, columns))
+    });
 }
 
 /// [`transpose`] element by element, in blocks of rows so that the destination's lines
@@ -355,5 +376,21 @@ mod tests {
     #[test]
     fn other_sizes_land_transposed() {
         check(|i| (i % 251) as u8, u8::MAX);
+    }
+
+    #[test]
+    fn shared_transposes_match_one_threads() {
+        // Column counts below, at and past the parts' tile multiple; a padded source.
+        for (rows, cols) in [(5, 7), (33, 16), (40, 100), (17, 257)] {
+            let stride = cols + 3;
+            let src: Vec<f32> = (0..rows * stride).map(|i| i as f32).collect();
+            let mut want = vec![f32::NAN; rows * cols];
+            transpose((&src, stride), (&mut want, rows), (rows, cols));
+            for threads in [1, 2, 3] {
+                let mut got = vec![f32::NAN; rows * cols];
+                transpose_on(threads, (&src, stride), (rows, cols), &mut got);
+                assert_eq!(got, want, "{rows}x{cols} on {threads} threads");
+            }
+        }
     }
 }

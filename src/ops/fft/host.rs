@@ -11,6 +11,7 @@ use rustfft::{Fft, FftNum, FftPlanner};
 
 use super::{Direction, OP, PlanKey, plan_cache};
 use crate::core::tensor::host_filled;
+use crate::kernels::transpose::{transpose, transpose_on};
 use crate::runtime::threads::{for_each, get_num_threads};
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -57,15 +58,17 @@ impl Real for f64 {
     }
 }
 
-/// Lines per thread's run for `lines` lines of `line` elements: one run where the work is
-/// small, else one per thread.
+/// Runs a thread's items are split into, about, where work is shared over the pool: a
+/// thread that starts late, or runs slower, takes fewer.
+const RUNS_PER_THREAD: usize = 4;
+
+/// Lines per run for `lines` lines of `line` elements: one run where the work is small,
+/// else [`RUNS_PER_THREAD`] per thread.
 fn lines_per_run(lines: usize, line: usize) -> usize {
-    let threads = if lines * line < PARALLEL_ABOVE {
-        1
-    } else {
-        get_num_threads().min(lines).max(1)
-    };
-    lines.div_ceil(threads).max(1)
+    if lines * line < PARALLEL_ABOVE {
+        return lines.max(1);
+    }
+    lines.div_ceil(RUNS_PER_THREAD * get_num_threads()).max(1)
 }
 
 /// Runs `plan` over every line of `data` in place, spread over the pool.
@@ -85,28 +88,105 @@ where
         },
     );
     if failed.into_inner() {
-        return Err(Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: (scratch_len * std::mem::size_of::<Complex<T>>()) as u64,
-            why: format!("{OP}: the scratch of a transform of {}", plan.len()),
-        });
+        return Err(out_of_memory::<T>(
+            scratch_len,
+            "the scratch of a transform",
+        ));
     }
     Ok(())
 }
 
-/// Columns moved through the column pass at a time: 32 complex f32 are one 256-byte
-/// stretch of each row (four cache lines), read and written whole (16 and 64 measured
-/// slower on `fft2 [8, 256, 256]`).
+/// The error for `len` complex values of working room a transform could not allocate.
+fn out_of_memory<T>(len: usize, what: &str) -> Error {
+    Error::OutOfMemory {
+        device: Device::Cpu,
+        bytes: (len as u64).saturating_mul(2 * std::mem::size_of::<T>() as u64),
+        why: format!("{OP}: {what}"),
+    }
+}
+
+/// Columns moved through a column pass at a time: 32 complex f32 are one 256-byte stretch
+/// of each row (four cache lines), read and written whole (16 and 64 measured slower on
+/// `fft2 [8, 256, 256]`).
 const COLUMN_BLOCK: usize = 32;
 
-/// Rows of a column block gathered (and scattered) together: 8 complex f32 are one cache
-/// line of the block.
-const TILE_ROWS: usize = 8;
+/// Values a column block's lines are apart beyond their length (one cache line of complex
+/// f32): lines of a power-of-two length, back to back, fall in few cache sets, and writing
+/// them in transposed tiles ran 8% slower on `fft2 [8, 256, 256]` (AMD EPYC VM).
+const LINE_PADDING: usize = 8;
 
-/// Runs `plan` (length `rows`) down every column of each `rows x cols` matrix of `data`:
-/// blocks of columns are gathered into contiguous lines, transformed and scattered back;
-/// the matrices are spread over the pool.
-fn columns<T: Real>(
+/// A thread's working room for every pass of a signal: a block of columns as lines, and
+/// the plans' scratch.
+struct Room<T> {
+    block: Vec<Complex<T>>,
+    scratch: Vec<Complex<T>>,
+}
+
+impl<T: Real> Room<T>
+where
+    Complex<T>: bytemuck::Pod,
+{
+    /// Room for the passes of `plans` (one per dimension of `sizes`), or `None` where the
+    /// allocation failed.
+    fn new(plans: &[Arc<dyn Fft<T>>], sizes: &[usize]) -> Option<Self> {
+        let column = sizes[..sizes.len() - 1].iter().max().copied().unwrap_or(0);
+        let scratch = plans.iter().map(|p| p.get_inplace_scratch_len()).max();
+        Some(Room {
+            block: host_filled(
+                OP,
+                COLUMN_BLOCK * (column + LINE_PADDING),
+                Complex::default(),
+            )
+            .ok()?,
+            scratch: host_filled(OP, scratch.unwrap_or(0), Complex::default()).ok()?,
+        })
+    }
+
+    /// Every pass of each signal of `data` (row-major `sizes`, one after another), last
+    /// dimension first, on this thread: a signal stays in cache through its passes.
+    fn signals(&mut self, plans: &[Arc<dyn Fft<T>>], sizes: &[usize], data: &mut [Complex<T>]) {
+        let len: usize = sizes.iter().product();
+        for signal in data.chunks_exact_mut(len) {
+            for (d, plan) in plans.iter().enumerate().rev() {
+                let inner: usize = sizes[d + 1..].iter().product();
+                if inner == 1 {
+                    plan.process_with_scratch(signal, &mut self.scratch);
+                } else {
+                    self.columns(plan, signal, (sizes[d], inner));
+                }
+            }
+        }
+    }
+
+    /// Runs `plan` (length `rows`) down every column of each `rows x cols` matrix of
+    /// `data`: blocks of columns are transposed into contiguous lines, transformed and
+    /// transposed back.
+    fn columns(
+        &mut self,
+        plan: &Arc<dyn Fft<T>>,
+        data: &mut [Complex<T>],
+        (rows, cols): (usize, usize),
+    ) {
+        for matrix in data.chunks_exact_mut(rows * cols) {
+            for c0 in (0..cols).step_by(COLUMN_BLOCK) {
+                let width = COLUMN_BLOCK.min(cols - c0);
+                let stride = rows + LINE_PADDING;
+                let block = &mut self.block[..width * stride];
+                transpose((&matrix[c0..], cols), (block, stride), (rows, width));
+                for line in block.chunks_mut(stride) {
+                    plan.process_with_scratch(&mut line[..rows], &mut self.scratch);
+                }
+                transpose((block, stride), (&mut matrix[c0..], cols), (width, rows));
+            }
+        }
+    }
+}
+
+/// Runs `plan` (length `rows`) down every column of each `rows x cols` matrix of `data`,
+/// for matrices too few to give every thread its own: each is transposed into a buffer
+/// (its columns become lines), the lines transformed and transposed back, every step
+/// spread over the pool.
+fn shared_columns<T: Real>(
     plan: &Arc<dyn Fft<T>>,
     data: &mut [Complex<T>],
     (rows, cols): (usize, usize),
@@ -114,46 +194,16 @@ fn columns<T: Real>(
 where
     Complex<T>: bytemuck::Pod,
 {
-    let scratch_len = plan.get_inplace_scratch_len();
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    let matrices: Vec<&mut [Complex<T>]> = data.chunks_mut(rows * cols).collect();
-    for_each(matrices, &|matrix: &mut [Complex<T>]| {
-        let (Ok(mut block), Ok(mut scratch)) = (
-            host_filled(OP, COLUMN_BLOCK * rows, Complex::default()),
-            host_filled(OP, scratch_len, Complex::default()),
-        ) else {
-            failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            return;
-        };
-        for c0 in (0..cols).step_by(COLUMN_BLOCK) {
-            let width = COLUMN_BLOCK.min(cols - c0);
-            // In tiles of rows, so that each line of the block is written (and read back)
-            // a whole cache line at a time.
-            for r0 in (0..rows).step_by(TILE_ROWS) {
-                let tile = r0..(r0 + TILE_ROWS).min(rows);
-                for c in 0..width {
-                    for r in tile.clone() {
-                        block[c * rows + r] = matrix[r * cols + c0 + c];
-                    }
-                }
-            }
-            plan.process_with_scratch(&mut block[..width * rows], &mut scratch);
-            for r0 in (0..rows).step_by(TILE_ROWS) {
-                let tile = r0..(r0 + TILE_ROWS).min(rows);
-                for c in 0..width {
-                    for r in tile.clone() {
-                        matrix[r * cols + c0 + c] = block[c * rows + r];
-                    }
-                }
-            }
-        }
-    });
-    if failed.into_inner() {
-        return Err(Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: ((scratch_len + COLUMN_BLOCK * rows) * std::mem::size_of::<Complex<T>>()) as u64,
-            why: format!("{OP}: the scratch of a column transform of {rows}"),
-        });
+    let mut lined = host_filled(OP, data.len(), Complex::default())
+        .map_err(|_| out_of_memory::<T>(data.len(), "the columns of a transform as lines"))?;
+    let threads = get_num_threads();
+    let size = rows * cols;
+    for (matrix, lines) in data.chunks_exact(size).zip(lined.chunks_exact_mut(size)) {
+        transpose_on(threads, (matrix, cols), (rows, cols), lines);
+    }
+    lines(plan, &mut lined)?;
+    for (matrix, lines) in data.chunks_exact_mut(size).zip(lined.chunks_exact(size)) {
+        transpose_on(threads, (lines, rows), (cols, rows), matrix);
     }
     Ok(())
 }
@@ -200,14 +250,39 @@ where
             })
             .collect::<Vec<_>>())
     })?;
-    // The last dimension's lines are contiguous; the one before it (2-D) is transformed
-    // down the columns of each [n, inner] matrix.
-    for (d, plan) in plans.iter().enumerate().rev() {
-        let inner: usize = sizes[d + 1..].iter().product();
-        if inner == 1 {
-            lines(plan, data)?;
-        } else {
-            columns(plan, data, (sizes[d], inner))?;
+    let len: usize = sizes.iter().product();
+    let signals = data.len() / len;
+    let threads = if data.len() < PARALLEL_ABOVE {
+        1
+    } else {
+        get_num_threads()
+    };
+    if dims > 1 && signals >= threads {
+        // Whole signals per run: each one's passes run while it is in cache.
+        let per = lines_per_run(signals, len);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        for_each(
+            data.chunks_mut(per * len).collect(),
+            &|run| match Room::new(&plans, &sizes) {
+                Some(mut room) => room.signals(&plans, &sizes, run),
+                None => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+            },
+        );
+        if failed.into_inner() {
+            let room = COLUMN_BLOCK * sizes.iter().max().copied().unwrap_or(0);
+            return Err(out_of_memory::<T>(room, "the working room of a transform"));
+        }
+    } else {
+        // Lines, or few large signals: each pass over all of them, spread over the pool.
+        // The last dimension's lines are contiguous; each other one is transformed down the
+        // columns of the [n, inner] matrices it makes.
+        for (d, plan) in plans.iter().enumerate().rev() {
+            let inner: usize = sizes[d + 1..].iter().product();
+            if inner == 1 {
+                lines(plan, data)?;
+            } else {
+                shared_columns(plan, data, (sizes[d], inner))?;
+            }
         }
     }
     scaled(&mut values, scale);

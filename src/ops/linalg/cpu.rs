@@ -21,7 +21,7 @@ use faer::{Conj, MatMut, MatRef, Par};
 
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::{Element, host_zeros};
-use crate::kernels::transpose::{WIDEST_TILE, transpose};
+use crate::kernels::transpose::transpose_on;
 use crate::{Device, Error};
 
 mod panels;
@@ -227,24 +227,19 @@ fn store<T: Pod + Send + Sync>(
 const PARALLEL_TRANSPOSE: usize = 1 << 18;
 
 /// The `rows × cols` matrix whose rows start `stride` apart in `src` transposed into `dst`
-/// (row-major `cols × rows`), in the register tiles of [`transpose`], on the
+/// (row-major `cols × rows`), in the register tiles of [`transpose_on`], on the
 /// [`whole_pool`] where the matrix is large.
 fn transpose_into<T: Pod + Send + Sync>(
     (src, stride): (&[T], usize),
     (rows, cols): (usize, usize),
     dst: &mut [T],
 ) {
-    let dst = &mut dst[..rows * cols];
-    let threads = whole_pool();
-    if threads == 1 || dst.len() < PARALLEL_TRANSPOSE {
-        return transpose((src, stride), (dst, rows), (rows, cols));
-    }
-    let per = cols.div_ceil(threads).next_multiple_of(WIDEST_TILE);
-    let parts = dst.chunks_mut(per * rows).enumerate().collect();
-    crate::runtime::threads::for_each(parts, &|(part, dst): (usize, &mut [T])| {
-        let columns = dst.len() / rows;
-        transpose((&src[part * per..], stride), (dst, rows), (rows, columns))
-    });
+    let threads = if rows * cols < PARALLEL_TRANSPOSE {
+        1
+    } else {
+        whole_pool()
+    };
+    transpose_on(threads, (src, stride), (rows, cols), dst);
 }
 
 /// Runs `body` on the row-major `m × n` matrix `a` copied column-major (faer's layout) into
