@@ -115,7 +115,30 @@ fn contiguous_copies_of_transposed_planes_hold_the_views_elements() {
                 .transpose(1, 2)
                 .unwrap(),
         ];
-        for view in views {
+        // Complex values as trailing pairs (moved as one element), from an even offset and
+        // from an odd one, and a permutation that moves the pairs' dimension inward.
+        let pairs = Tensor::from_f64(&values, &[3, 37, 45], dtype, Device::Cpu)
+            .unwrap()
+            .narrow(2, 1, 44)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .view(&[3, 37, 22, 2])
+            .unwrap();
+        let odd = Tensor::from_f64(&values, &[values.len()], dtype, Device::Cpu)
+            .unwrap()
+            .narrow(0, 1, 3 * 37 * 22 * 2)
+            .unwrap()
+            .view(&[3, 37, 22, 2])
+            .unwrap();
+        let complex = [
+            pairs.transpose(1, 2).unwrap(),
+            pairs.permute(&[2, 0, 1, 3]).unwrap(),
+            pairs.narrow(1, 3, 30).unwrap().transpose(1, 2).unwrap(),
+            odd.transpose(1, 2).unwrap(),
+            odd.permute(&[0, 1, 3, 2]).unwrap(),
+        ];
+        for view in views.into_iter().chain(complex) {
             let copy = view.contiguous().unwrap();
             assert!(copy.is_contiguous() && copy.shape() == view.shape());
             // to_f64 of the view reads it element by element.

@@ -32,7 +32,7 @@ where
 impl Real for f32 {
     fn load(x: &Tensor) -> Result<Vec<f32>> {
         match x.dtype() {
-            DType::F32 => x.to_vec::<f32>(),
+            DType::F32 => x.contiguous()?.into_vec::<f32>(),
             _ => Ok(x.to_f64()?.into_iter().map(|v| v as f32).collect()),
         }
     }
@@ -50,7 +50,7 @@ impl Real for f32 {
 
 impl Real for f64 {
     fn load(x: &Tensor) -> Result<Vec<f64>> {
-        x.to_f64()
+        x.contiguous()?.into_vec::<f64>()
     }
 
     fn store(values: Vec<f64>, shape: &[usize], _: DType) -> Result<Tensor> {
