@@ -105,6 +105,11 @@ mod x86 {
     /// Rows, columns, the source's row stride and the destination's.
     type Shape = (usize, usize, usize, usize);
 
+    /// `_mm512_shuffle_f64x2`'s selector of 128-bit lanes 0 and 2 of both registers.
+    const LOW: i32 = 0b10_00_10_00;
+    /// Its selector of lanes 1 and 3.
+    const HIGH: i32 = 0b11_01_11_01;
+
     /// Transposes the whole tiles at the top left of the matrix (as [`super::transpose`],
     /// whose checks the slices passed) where the CPU and the element size have a register
     /// kernel, and returns the rows and columns they covered (`(0, 0)` where none ran).
@@ -178,10 +183,7 @@ mod x86 {
         unsafe fn go(src: *const f64, dst: *mut f64, shape: Shape) -> (usize, usize) {
             let (ss, ds) = (shape.2, shape.3);
             // Pairs of rows interleaved (`t[2p]` even columns, `t[2p + 1]` odd ones), then
-            // 128-bit lanes gathered twice: LOW takes lanes 0 and 2 of both registers, HIGH
-            // lanes 1 and 3.
-            const LOW: i32 = 0b10_00_10_00;
-            const HIGH: i32 = 0b11_01_11_01;
+            // 128-bit lanes gathered twice ([`LOW`], [`HIGH`]).
             // SAFETY: the caller's contract; each tile's 8 rows of 8 are in both matrices.
             unsafe {
                 each_tile((src, dst), shape, 8, |from, to| {
@@ -260,10 +262,8 @@ mod x86 {
         #[target_feature(enable = "avx512f")]
         unsafe fn go(src: *const u128, dst: *mut u128, shape: Shape) -> (usize, usize) {
             let (ss, ds) = (shape.2, shape.3);
-            // LOW takes lanes 0 and 2 of both registers, HIGH lanes 1 and 3: twice over,
-            // rows (a, b, c, d) become [a0 a2 b0 b2], [a1 a3 b1 b3], ... and then columns.
-            const LOW: i32 = 0b10_00_10_00;
-            const HIGH: i32 = 0b11_01_11_01;
+            // [`LOW`] and [`HIGH`] twice over: rows (a, b, c, d) become [a0 a2 b0 b2],
+            // [a1 a3 b1 b3], ... and then columns.
             // SAFETY: the caller's contract; each tile's 4 rows of 4 are in both matrices.
             unsafe {
                 each_tile((src, dst), shape, 4, |from, to| {
