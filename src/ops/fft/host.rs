@@ -58,17 +58,17 @@ impl Real for f64 {
     }
 }
 
-/// Runs a thread's items are split into, about, where work is shared over the pool: a
-/// thread that starts late, or runs slower, takes fewer.
+/// Runs of work each thread gets, about, where work is shared over the pool: a thread
+/// that starts late, or runs slower, takes fewer.
 const RUNS_PER_THREAD: usize = 4;
 
-/// Lines per run for `lines` lines of `line` elements: one run where the work is small,
-/// else [`RUNS_PER_THREAD`] per thread.
-fn lines_per_run(lines: usize, line: usize) -> usize {
-    if lines * line < PARALLEL_ABOVE {
-        return lines.max(1);
+/// Items (lines, or whole signals) per run for `count` items of `len` elements each: one
+/// run where the work is small, else [`RUNS_PER_THREAD`] per thread.
+fn per_run(count: usize, len: usize) -> usize {
+    if count * len < PARALLEL_ABOVE {
+        return count.max(1);
     }
-    lines.div_ceil(RUNS_PER_THREAD * get_num_threads()).max(1)
+    count.div_ceil(RUNS_PER_THREAD * get_num_threads()).max(1)
 }
 
 /// Runs `plan` over every line of `data` in place, spread over the pool.
@@ -80,8 +80,7 @@ where
     let failed = std::sync::atomic::AtomicBool::new(false);
     let n = plan.len();
     for_each(
-        data.chunks_mut(lines_per_run(data.len() / n, n) * n)
-            .collect(),
+        data.chunks_mut(per_run(data.len() / n, n) * n).collect(),
         &|run: &mut [Complex<T>]| match host_filled(OP, scratch_len, Complex::default()) {
             Ok(mut scratch) => plan.process_with_scratch(run, &mut scratch),
             Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
@@ -259,7 +258,7 @@ where
     };
     if dims > 1 && signals >= threads {
         // Whole signals per run: each one's passes run while it is in cache.
-        let per = lines_per_run(signals, len);
+        let per = per_run(signals, len);
         let failed = std::sync::atomic::AtomicBool::new(false);
         for_each(
             data.chunks_mut(per * len).collect(),
@@ -323,7 +322,7 @@ where
             crate::core::verbose::creation_event(|| format!("fft plan [{n}] RealForward"));
             Ok(RealFftPlanner::<T>::new().plan_fft_forward(n))
         })?;
-        let per = lines_per_run(lines_count, n);
+        let per = per_run(lines_count, n);
         let work: Vec<_> = data
             .chunks_mut(per * n)
             .zip(out.chunks_mut(per * half))
@@ -373,7 +372,7 @@ where
             Ok(RealFftPlanner::<T>::new().plan_fft_inverse(n))
         })?;
         let scale = T::from_f64(scale).unwrap_or_default();
-        let per = lines_per_run(lines_count, width);
+        let per = per_run(lines_count, width);
         let work: Vec<_> = spectra
             .chunks_mut(per * width)
             .zip(out.chunks_mut(per * n))
