@@ -144,6 +144,98 @@ fn fft2_matches_row_then_column_dfts() {
     }
 }
 
+/// rfft2 / rfftn / irfft2 / irfftn as `torch.fft` takes them (their shapes checked against
+/// PyTorch 2.15 in a script): the half-spectrum along the last named dimension, the others
+/// complex, against the direct DFT under each norm; the inverses given the sizes bring the
+/// signals back; fftn given `s` alone transforms the last `s.len()` dimensions.
+#[test]
+fn real_multidimensional_transforms_follow_torch_fft() {
+    use fft::{FftArgs, Norm};
+    let _s = serial();
+    let shape = [3, 4, 5];
+    let real = random(60);
+    let x = tensor(&real, &shape);
+    let as_complex: Vec<f64> = real.iter().flat_map(|&r| [r, 0.0]).collect();
+    // The complex DFT along `(axis, n)` in turn, scaled by `scale`.
+    let dft = |steps: &[(usize, usize)], scale: f64| {
+        let (mut values, mut sizes) = (as_complex.clone(), shape.to_vec());
+        for (i, &(axis, n)) in steps.iter().enumerate() {
+            let step_scale = if i == 0 { scale } else { 1.0 };
+            (values, sizes) = dft_along(&values, &sizes, axis, (n, false, step_scale));
+        }
+        (values, sizes)
+    };
+    // The first `count` coefficients along `axis` of complex `(values, sizes)`.
+    let first = |(values, sizes): (Vec<f64>, Vec<usize>), axis: usize, count: usize| {
+        let outer: usize = sizes[..axis].iter().product();
+        let inner: usize = sizes[axis + 1..].iter().product();
+        let mut kept = Vec::new();
+        for o in 0..outer {
+            let at = o * sizes[axis] * inner * 2;
+            kept.extend_from_slice(&values[at..at + count * inner * 2]);
+        }
+        let mut sizes = sizes;
+        sizes[axis] = count;
+        (kept, sizes)
+    };
+    let check = |got: Tensor, (want, sizes): (Vec<f64>, Vec<usize>), what: &str| {
+        let mut stored = sizes;
+        stored.push(2);
+        assert_eq!(got.shape(), stored, "{what}");
+        let err = rel_err(&got.to_f64().unwrap(), &want);
+        assert!(err < 1e-12, "{what}: {err}");
+    };
+    let norms = [
+        (Norm::Backward, 0.0),
+        (Norm::Ortho, -0.5),
+        (Norm::Forward, -1.0),
+    ];
+    for (norm, power) in norms {
+        let args = |s: Option<Vec<usize>>, dim: Option<Vec<isize>>| FftArgs { s, dim, norm };
+        // Every dimension: the last holds 5 / 2 + 1 = 3 coefficients.
+        let want = first(dft(&[(0, 3), (1, 4), (2, 5)], 60f64.powf(power)), 2, 3);
+        check(fft::rfftn(&x, &args(None, None)).unwrap(), want, "rfftn");
+        // rfft2 with s = (4, 8): the last two dimensions, the last padded to 8 (5 kept).
+        let want = first(dft(&[(1, 4), (2, 8)], 32f64.powf(power)), 2, 5);
+        let got = fft::rfft2_with(&x, &args(Some(vec![4, 8]), None)).unwrap();
+        check(got, want, "rfft2");
+        // Over dims (2, 0): dimension 0, named last, holds the half-spectrum (2 of 3).
+        let want = first(dft(&[(2, 5), (0, 3)], 15f64.powf(power)), 0, 2);
+        let got = fft::rfftn(&x, &args(None, Some(vec![2, 0]))).unwrap();
+        check(got, want, "rfftn over (2, 0)");
+        // The inverses, given the sizes, bring the signals back.
+        let half = fft::rfftn(&x, &args(None, None)).unwrap();
+        let back = fft::irfftn(&half, &args(Some(vec![3, 4, 5]), None)).unwrap();
+        assert_eq!(back.shape(), &shape);
+        assert!(
+            rel_err(&back.to_f64().unwrap(), &real) < 1e-12,
+            "irfftn {norm:?}"
+        );
+        let half = fft::rfft2_with(&x, &args(None, None)).unwrap();
+        let back = fft::irfft2_with(&half, &args(Some(vec![4, 5]), None)).unwrap();
+        assert!(
+            rel_err(&back.to_f64().unwrap(), &real) < 1e-12,
+            "irfft2 {norm:?}"
+        );
+    }
+    // Without sizes the last output length is 2 (m - 1): 4 from 3 coefficients.
+    let half = fft::rfftn(&x, &FftArgs::default()).unwrap();
+    let back = fft::irfftn(&half, &FftArgs::default()).unwrap();
+    assert_eq!(back.shape(), &[3, 4, 4]);
+    let back = fft::irfft2(&fft::rfft2(&x).unwrap()).unwrap();
+    assert_eq!(back.shape(), &[3, 4, 4]);
+    // fftn given s alone: the last s.len() dimensions, here the last one padded to 6.
+    let c = tensor(&as_complex, &[3, 4, 5, 2]);
+    let sizes = FftArgs {
+        s: Some(vec![6]),
+        ..FftArgs::default()
+    };
+    let want = dft_along(&as_complex, &shape, 2, (6, false, 1.0));
+    check(fft::fftn(&c, &sizes).unwrap(), want, "fftn with s = (6,)");
+    // irfftn takes complex [..., 2] tensors only.
+    assert!(fft::irfftn(&x, &FftArgs::default()).is_err());
+}
+
 /// Signals larger than the size from which the work is shared, in f32 (complex pairs moved
 /// as 8-byte words) and f64: fewer signals than threads (each pass over all of them, the
 /// column passes through transposed copies split over the threads) and more (whole signals

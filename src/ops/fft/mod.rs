@@ -1,5 +1,6 @@
 //! Discrete Fourier transforms (`torch.fft`'s `fft`, `ifft`, `rfft`, `irfft`, `fft2`,
-//! `ifft2`, `fftn`, `ifftn`), with their plans kept in the per-device LRU [`PlanCache`] of
+//! `ifft2`, `fftn`, `ifftn`, `rfft2`, `irfft2`, `rfftn`, `irfftn`), with their plans kept
+//! in the per-device LRU [`PlanCache`] of
 //! `torch.backends.cuda.cufft_plan_cache`. The plain forms transform the last dimension
 //! (two for the 2-D forms) with PyTorch's default normalisation ("backward": the inverse
 //! transforms divide by the length); the `*_with` forms and the n-D ones take PyTorch's
@@ -361,7 +362,8 @@ impl FftArgs {
 
 /// The dimensions `args` names, of a tensor of `rank` (logical) dimensions, checked: in
 /// range, no repeats, as many as the signal sizes; `default` of the last ones where none
-/// are named (`None`: all of them).
+/// are named (`None`: as many as the signal sizes given, else all of them, as PyTorch's
+/// n-D forms take them).
 fn dims_of(
     op: &'static str,
     args: &FftArgs,
@@ -370,7 +372,7 @@ fn dims_of(
 ) -> Result<Vec<usize>> {
     let dims: Vec<usize> = match &args.dim {
         None => {
-            let count = default.unwrap_or(rank);
+            let count = default.or(args.s.as_ref().map(Vec::len)).unwrap_or(rank);
             if count > rank {
                 return Err(fft_error(
                     op,
@@ -567,6 +569,10 @@ out_forms! {
     ifftn_out = ifftn, "fft.ifftn";
     rfft_out = rfft_with, "fft.rfft";
     irfft_out = irfft_with, "fft.irfft";
+    rfft2_out = rfft2_with, "fft.rfft2";
+    irfft2_out = irfft2_with, "fft.irfft2";
+    rfftn_out = rfftn, "fft.rfftn";
+    irfftn_out = irfftn, "fft.irfftn";
 }
 
 /// PyTorch's `fft(x, n, dim, norm)`: the DFT along one dimension (the last by default).
@@ -599,6 +605,105 @@ pub fn fftn(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
 /// PyTorch's `ifftn(x, s, dim, norm)`.
 pub fn ifftn(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
     complex_with("ifftn", x, args, None, Direction::Inverse)
+}
+
+/// PyTorch's `rfft2(x, s, dim, norm)` with its defaults: the last two dimensions of a real
+/// tensor, the last holding its `n / 2 + 1` coefficients.
+pub fn rfft2(x: &Tensor) -> Result<Tensor> {
+    rfft2_with(x, &FftArgs::default())
+}
+
+/// PyTorch's `rfft2(x, s, dim, norm)`: [`rfftn`] over two dimensions (the last two by
+/// default).
+pub fn rfft2_with(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
+    real_forward_n("rfft2", x, args, Some(2))
+}
+
+/// PyTorch's `rfftn(x, s, dim, norm)`: the DFT of real signals over the named dimensions
+/// (all by default, or the last `s.len()`), the last of them holding its `n / 2 + 1`
+/// coefficients: [`rfft_with`] along that one, then the complex transform along the others.
+pub fn rfftn(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
+    real_forward_n("rfftn", x, args, None)
+}
+
+/// PyTorch's `irfft2(x, s, dim, norm)` with its defaults.
+pub fn irfft2(x: &Tensor) -> Result<Tensor> {
+    irfft2_with(x, &FftArgs::default())
+}
+
+/// PyTorch's `irfft2(x, s, dim, norm)`: [`irfftn`] over two dimensions (the last two by
+/// default).
+pub fn irfft2_with(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
+    real_inverse_n("irfft2", x, args, Some(2))
+}
+
+/// PyTorch's `irfftn(x, s, dim, norm)`: the real signals whose [`rfftn`] is the complex `x`
+/// over the named dimensions: the inverse complex transform along all but the last of them
+/// (trimmed or zero-padded to `s`), then [`irfft_with`] along the last (`s`'s last size, by
+/// default `2 (m - 1)`).
+pub fn irfftn(x: &Tensor, args: &FftArgs) -> Result<Tensor> {
+    real_inverse_n("irfftn", x, args, None)
+}
+
+/// `args` split into the last transformed dimension's arguments (1-D) and the others'
+/// (`None` where it names one dimension only), for a tensor of `rank` logical dimensions.
+fn split_last(
+    op: &'static str,
+    args: &FftArgs,
+    rank: usize,
+    default: Option<usize>,
+) -> Result<(FftArgs, Option<FftArgs>)> {
+    if let Some(s) = &args.s {
+        check_lengths(op, s)?;
+    }
+    let dims = dims_of(op, args, rank, default)?;
+    let dims: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+    let k = dims.len();
+    let last = FftArgs {
+        s: args.s.as_ref().map(|s| vec![s[k - 1]]),
+        dim: Some(vec![dims[k - 1]]),
+        norm: args.norm,
+    };
+    let others = (k > 1).then(|| FftArgs {
+        s: args.s.as_ref().map(|s| s[..k - 1].to_vec()),
+        dim: Some(dims[..k - 1].to_vec()),
+        norm: args.norm,
+    });
+    Ok((last, others))
+}
+
+/// [`rfftn`] with `op`'s name and default dimensions.
+fn real_forward_n(
+    op: &'static str,
+    x: &Tensor,
+    args: &FftArgs,
+    default: Option<usize>,
+) -> Result<Tensor> {
+    float(op, x)?;
+    let (last, others) = split_last(op, args, x.shape().len(), default)?;
+    let half = rfft_with(x, &last)?;
+    match others {
+        Some(others) => complex_with(op, &half, &others, None, Direction::Forward),
+        None => Ok(half),
+    }
+}
+
+/// [`irfftn`] with `op`'s name and default dimensions.
+fn real_inverse_n(
+    op: &'static str,
+    x: &Tensor,
+    args: &FftArgs,
+    default: Option<usize>,
+) -> Result<Tensor> {
+    check_complex(op, x)?;
+    let (last, others) = split_last(op, args, x.shape().len() - 1, default)?;
+    match others {
+        Some(others) => {
+            let spectra = complex_with(op, x, &others, None, Direction::Inverse)?;
+            irfft_with(&spectra, &last)
+        }
+        None => irfft_with(x, &last),
+    }
 }
 
 /// The 1-D forms take one dimension and one size.
