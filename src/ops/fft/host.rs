@@ -87,10 +87,8 @@ where
         },
     );
     if failed.into_inner() {
-        return Err(out_of_memory::<T>(
-            scratch_len,
-            "the scratch of a transform",
-        ));
+        let what = format!("the scratch of a transform of {n}");
+        return Err(out_of_memory::<T>(scratch_len, &what));
     }
     Ok(())
 }
@@ -125,19 +123,17 @@ impl<T: Real> Room<T>
 where
     Complex<T>: bytemuck::Pod,
 {
-    /// Room for the passes of `plans` (one per dimension of `sizes`), or `None` where the
-    /// allocation failed.
-    fn new(plans: &[Arc<dyn Fft<T>>], sizes: &[usize]) -> Option<Self> {
+    /// Room for the passes of `plans` (one per dimension of `sizes`).
+    fn new(plans: &[Arc<dyn Fft<T>>], sizes: &[usize]) -> Result<Self> {
         let column = sizes[..sizes.len() - 1].iter().max().copied().unwrap_or(0);
         let scratch = plans.iter().map(|p| p.get_inplace_scratch_len()).max();
-        Some(Room {
+        Ok(Room {
             block: host_filled(
                 OP,
                 COLUMN_BLOCK * (column + LINE_PADDING),
                 Complex::default(),
-            )
-            .ok()?,
-            scratch: host_filled(OP, scratch.unwrap_or(0), Complex::default()).ok()?,
+            )?,
+            scratch: host_filled(OP, scratch.unwrap_or(0), Complex::default())?,
         })
     }
 
@@ -259,17 +255,17 @@ where
     if dims > 1 && signals >= threads {
         // Whole signals per run: each one's passes run while it is in cache.
         let per = per_run(signals, len);
-        let failed = std::sync::atomic::AtomicBool::new(false);
+        // A run whose room could not be allocated leaves its error (with its exact size).
+        let failure = std::sync::Mutex::new(None);
         for_each(
             data.chunks_mut(per * len).collect(),
             &|run| match Room::new(&plans, &sizes) {
-                Some(mut room) => room.signals(&plans, &sizes, run),
-                None => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+                Ok(mut room) => room.signals(&plans, &sizes, run),
+                Err(error) => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error),
             },
         );
-        if failed.into_inner() {
-            let room = COLUMN_BLOCK * sizes.iter().max().copied().unwrap_or(0);
-            return Err(out_of_memory::<T>(room, "the working room of a transform"));
+        if let Some(error) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(error);
         }
     } else {
         // Lines, or few large signals: each pass over all of them, spread over the pool.
