@@ -206,6 +206,21 @@ pub(crate) fn for_each<I: Send>(items: Vec<I>, work: &(impl Fn(I) + Sync)) {
     for_each_on(team, items, work);
 }
 
+/// [`for_each`] for work that can fail: every item runs, and the error of one that failed
+/// (if any did) is returned.
+pub(crate) fn try_for_each<I: Send>(
+    items: Vec<I>,
+    work: &(impl Fn(I) -> Result<()> + Sync),
+) -> Result<()> {
+    let failure = Mutex::new(Ok(()));
+    for_each(items, &|item| {
+        if let Err(error) = work(item) {
+            *lock(&failure) = Err(error);
+        }
+    });
+    failure.into_inner().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// [`for_each`] on a team of at most `team` threads, which take the items in order: more
 /// items than threads balance uneven ones.
 pub(crate) fn for_each_on<I: Send>(team: usize, items: Vec<I>, work: &(impl Fn(I) + Sync)) {
@@ -528,6 +543,27 @@ mod tests {
             "{used} threads for get_num_threads() = {}",
             get_num_threads()
         );
+    }
+
+    #[test]
+    fn try_for_each_runs_every_item_and_returns_a_failure() {
+        let done = AtomicUsize::new(0);
+        let run = |failing: usize| {
+            try_for_each((0..16).collect(), &|i: usize| {
+                done.fetch_add(1, Ordering::Relaxed);
+                match i == failing {
+                    true => Err(Error::InvalidArgument {
+                        what: "item",
+                        why: format!("item {i}"),
+                    }),
+                    false => Ok(()),
+                }
+            })
+        };
+        assert!(run(16).is_ok());
+        let failed = run(5).unwrap_err();
+        assert!(failed.to_string().contains("item 5"), "{failed}");
+        assert_eq!(done.load(Ordering::Relaxed), 32);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use rustfft::{Fft, FftNum, FftPlanner};
 use super::{Direction, OP, PlanKey, plan_cache};
 use crate::core::tensor::host_filled;
 use crate::kernels::transpose::{transpose, transpose_on};
-use crate::runtime::threads::{for_each, get_num_threads};
+use crate::runtime::threads::{for_each, get_num_threads, try_for_each};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// Elements below which a transform runs on the calling thread alone.
@@ -77,20 +77,17 @@ where
     Complex<T>: bytemuck::Pod,
 {
     let scratch_len = plan.get_inplace_scratch_len();
-    let failed = std::sync::atomic::AtomicBool::new(false);
     let n = plan.len();
-    for_each(
+    try_for_each(
         data.chunks_mut(per_run(data.len() / n, n) * n).collect(),
-        &|run: &mut [Complex<T>]| match host_filled(OP, scratch_len, Complex::default()) {
-            Ok(mut scratch) => plan.process_with_scratch(run, &mut scratch),
-            Err(_) => failed.store(true, std::sync::atomic::Ordering::Relaxed),
+        &|run: &mut [Complex<T>]| {
+            let mut scratch = host_filled(OP, scratch_len, Complex::default()).map_err(|_| {
+                out_of_memory::<T>(scratch_len, &format!("the scratch of a transform of {n}"))
+            })?;
+            plan.process_with_scratch(run, &mut scratch);
+            Ok(())
         },
-    );
-    if failed.into_inner() {
-        let what = format!("the scratch of a transform of {n}");
-        return Err(out_of_memory::<T>(scratch_len, &what));
-    }
-    Ok(())
+    )
 }
 
 /// The error for `len` complex values of working room a transform could not allocate.
@@ -256,17 +253,9 @@ where
         // Whole signals per run: each one's passes run while it is in cache.
         let per = per_run(signals, len);
         // A run whose room could not be allocated leaves its error (with its exact size).
-        let failure = std::sync::Mutex::new(None);
-        for_each(
-            data.chunks_mut(per * len).collect(),
-            &|run| match Room::new(&plans, &sizes) {
-                Ok(mut room) => room.signals(&plans, &sizes, run),
-                Err(error) => *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error),
-            },
-        );
-        if let Some(error) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(error);
-        }
+        try_for_each(data.chunks_mut(per * len).collect(), &|run| {
+            Room::new(&plans, &sizes).map(|mut room| room.signals(&plans, &sizes, run))
+        })?;
     } else {
         // Lines, or few large signals: each pass over all of them, spread over the pool.
         // The last dimension's lines are contiguous; each other one is transformed down the
