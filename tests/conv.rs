@@ -248,16 +248,79 @@ fn one_group_convolutions_read_the_input_in_place() {
     }
 }
 
+/// Pointwise convolutions with no more output channels than input ones and rows of at
+/// least 196 pixels read the input's channel planes in place as B's rows (several images,
+/// so that on several threads whole images run one a thread and the rest on all of them),
+/// against the float64 convolution in every dtype that takes this path; with more output
+/// channels the packed GEMM serves them. Both are `gemm` in the trace.
+#[test]
+fn pointwise_convolutions_read_the_input_in_place() {
+    let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+    let pointwise = Case { k: [1, 1], ..BASE };
+    let cases = [
+        Case {
+            n: 3,
+            c: 24,
+            o: 10,
+            hw: [15, 14],
+            ..pointwise
+        },
+        Case {
+            n: 1,
+            c: 40,
+            o: 40,
+            hw: [14, 17],
+            bias: false,
+            ..pointwise
+        },
+        Case {
+            n: 2,
+            c: 6,
+            o: 20,
+            hw: [15, 14],
+            ..pointwise
+        },
+    ];
+    for threads in [1, 2, 3] {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        for case in cases {
+            for dtype in [DType::F32, DType::Bf16, DType::F16] {
+                let capture = backends::TraceCapture::start();
+                let err = check(&case, dtype);
+                let lines = capture.take();
+                assert!(err < bound(dtype), "{dtype} {case:?} {threads}: {err:e}");
+                assert!(
+                    lines.iter().any(|l| l.contains("cpu/gemm,conv2d"))
+                        && lines.iter().any(|l| l.contains(&format!(",gemm_{dtype}_"))),
+                    "{dtype} {case:?}: {lines:?}"
+                );
+            }
+        }
+    }
+}
+
 /// The implicit GEMM's result does not depend on the thread count: every output tile sums
-/// its K blocks in one order whichever thread takes it.
+/// its K blocks in one order whichever thread takes it, whether an image runs on one thread
+/// or on all.
 #[test]
 fn one_group_convolutions_are_bit_identical_across_thread_counts() {
-    let (n, c, h, w, o) = (2, 61, 9, 70, 13);
+    for (n, c, h, w, o, k) in [(2, 61, 9, 70, 13, [3, 5]), (3, 40, 14, 15, 24, [1, 1])] {
+        bit_identical_across_thread_counts(n, c, [h, w], o, k);
+    }
+}
+
+fn bit_identical_across_thread_counts(
+    n: usize,
+    c: usize,
+    [h, w]: [usize; 2],
+    o: usize,
+    k: [usize; 2],
+) {
     let x = random(n * c * h * w);
-    let weight = random(o * c * 15);
+    let weight = random(o * c * k[0] * k[1]);
     for dtype in [DType::F32, DType::Bf16] {
         let x = tensor(&x, &[n, c, h, w], dtype);
-        let weight = tensor(&weight, &[o, c, 3, 5], dtype);
+        let weight = tensor(&weight, &[o, c, k[0], k[1]], dtype);
         let options = Conv2dOptions {
             padding: Padding::Same,
             ..Default::default()

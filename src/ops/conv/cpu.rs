@@ -1,14 +1,15 @@
 //! The CPU convolution: each group of each image becomes one GEMM of the weight `[O/g, C/g ·
 //! kH · kW]` with the unfolded input `[C/g · kH · kW, H' · W']` (im2col), run by `matmul`;
 //! convolutions of one group read those rows in place from padded phase planes of the
-//! input instead ([`implicit`]), depthwise ones run directly.
+//! input instead (pointwise ones from the input itself: [`implicit`]), depthwise ones run
+//! directly.
 
 use half::{bf16, f16};
 
 use super::Geometry;
 use crate::core::tensor::{Element, host_zeros};
 use crate::core::trace::{self, Call};
-use crate::kernels::gemm::{self, MatView};
+use crate::kernels::gemm::{self, MatView, Rounding};
 use crate::{DType, Device, Result, Tensor, matmul};
 
 /// Elements of unfolded input made at once: images are unfolded in chunks of about this
@@ -104,8 +105,13 @@ fn run<T: Element>(
 /// ...`: `[H_q, W_q]`, `W_q = W' +` [`Geometry::extra_columns`]), so that tap `(ki, kj)` of
 /// channel `c` reads one plane at a fixed shift: B's row `(c, ki, kj)` is that plane from row
 /// `ki·dH / s0`, column `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`.
+/// (A pointwise convolution's only plane per channel would be the channel itself: its rows
+/// are read from the input, with no copy.)
 /// The columns `x ≥ W'` (a few per output row) are computed and dropped when the result is
 /// stored with the bias, rounded to `T` once.
+///
+/// Each full round of images (one per thread) runs one image a thread, start to end with no
+/// other thread waiting on it; the images left over run one at a time, each on all threads.
 fn implicit<T: Element>(
     input: &Tensor,
     weight: &Tensor,
@@ -115,67 +121,134 @@ fn implicit<T: Element>(
     let x = input.elements::<T>()?;
     let weight = weight.contiguous()?;
     let w = weight.elements::<T>()?;
-    let (c, o, k) = (g.channels, g.out_channels, g.patch_len());
-    let ([h, wd], [kh, kw], [dh, dw]) = (g.input, g.kernel, g.dilation);
-    let ([oh, ow], [top, left], [sh, sw]) = (g.output, g.pad_before, g.stride);
-    // (`reads_shifted_rows` saw the planes' size fit.)
-    let [hq, wq] = g.phase_plane().expect("checked by reads_shifted_rows");
-    let (plane, columns) = (hq * wq, oh * wq);
-    let (row_phases, col_phases) = (g.phases(0), g.phases(1));
-    let per_channel = row_phases.len() * col_phases.len();
-    let index = |phases: &[usize], phase: usize| {
-        phases
-            .binary_search(&phase)
-            .expect("`phases` lists every tap's phase")
-    };
-    let starts: Vec<usize> = (0..c * kh * kw)
-        .map(|row| {
-            let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
-            let (p, q) = (
-                index(&row_phases, ki * dh % sh),
-                index(&col_phases, kj * dw % sw),
-            );
-            let plane_index = channel * per_channel + p * col_phases.len() + q;
-            plane_index * plane + ki * dh / sh * wq + kj * dw / sw
-        })
-        .collect();
-    let planes = c * per_channel;
-    let len = g.phase_planes_len().expect("checked by reads_shifted_rows");
-    let mut out = host_zeros::<T>("conv2d", g.batch * o * oh * ow)?;
+    let (o, k, image_len) = (
+        g.out_channels,
+        g.patch_len(),
+        g.channels * g.input[0] * g.input[1],
+    );
+    let mut out = host_zeros::<T>("conv2d", g.batch * o * g.pixels())?;
     if out.is_empty() {
         return Ok(out);
     }
-    // The planes, in a buffer kept per thread (as 32-bit words) and zeroed: the padding
-    // stays zero as every image writes the same interior.
-    let mut kept_planes = PLANES.take();
-    let words = (len * std::mem::size_of::<T>()).div_ceil(4);
-    kept_planes.clear();
-    kept_planes
-        .try_reserve(words)
-        .map_err(|_| crate::Error::OutOfMemory {
-            device: Device::Cpu,
-            bytes: words as u64 * 4,
-            why: "conv2d: the padded input planes".into(),
-        })?;
-    kept_planes.resize(words, 0.0);
-    let padded = &mut bytemuck::cast_slice_mut::<f32, T>(&mut kept_planes)[..len];
-    // Every element is stored by the GEMM: a kept buffer needs no zeroing.
-    let mut kept = PRODUCT.take();
-    if kept.len() < o * columns {
-        kept = host_zeros::<f32>("conv2d", o * columns)?;
-    }
-    let product = &mut kept[..o * columns];
-    let bias: Vec<f32> = match bias {
+    let bias = match bias {
         Some(bias) => bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect(),
         None => vec![0.0; o],
     };
+    let images = Images::new(g, &w, bias);
     let (rounding, note) = crate::ops::matmul::cpu_rounding(T::DTYPE);
     let micro = gemm::packed_micro::<T>(rounding).name;
+    let describe = || Call {
+        kernel: format!("gemm_{}_{micro}", T::DTYPE),
+        backend: format!("cpu/{micro}"),
+        dtype: T::DTYPE,
+        shapes: format!("{:?}x{:?}", [o, k], [g.batch, k, images.columns]),
+        precision: note.clone(),
+    };
     let threads = crate::get_num_threads();
-    for (image, out) in out.chunks_exact_mut(o * oh * ow).enumerate() {
-        let source = &x[image * c * h * wd..][..c * h * wd];
-        let chunks = per_thread(&mut padded[..planes * plane], plane);
-        crate::runtime::threads::for_each(chunks, &|(first, chunk): (usize, &mut [T])| {
+    let out_len = o * g.pixels();
+    let (whole, rest) = out.split_at_mut(g.batch / threads * threads * out_len);
+    trace::kernel(describe, || {
+        let shares = per_thread(whole, out_len);
+        crate::runtime::threads::try_for_each(shares, &|(first, share): (usize, &mut [T])| {
+            let mut room = Room::take(&images)?;
+            for (i, out) in share.chunks_exact_mut(out_len).enumerate() {
+                let source = &x[(first + i) * image_len..][..image_len];
+                images.run(source, out, &mut room, rounding, 1);
+            }
+            room.keep();
+            Ok(())
+        })?;
+        if !rest.is_empty() {
+            let mut room = Room::take(&images)?;
+            let first = g.batch - rest.len() / out_len;
+            for (i, out) in rest.chunks_exact_mut(out_len).enumerate() {
+                let source = &x[(first + i) * image_len..][..image_len];
+                images.run(source, out, &mut room, rounding, threads);
+            }
+            room.keep();
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// What every image of an implicit convolution shares: the weight (A), B's row starts in an
+/// image's planes, the bias and the planes' layout.
+struct Images<'a, T> {
+    g: &'a Geometry,
+    weight: &'a [T],
+    bias: Vec<f32>,
+    /// B's row starts (one per row of the patch) in the planes, or in the image itself.
+    starts: Vec<usize>,
+    row_phases: Vec<usize>,
+    col_phases: Vec<usize>,
+    /// Planes per image (none where B's rows are the image itself), elements of one
+    /// (`H_q · W_q`) and of all with their slack.
+    planes: usize,
+    plane: usize,
+    planes_len: usize,
+    /// The GEMM's columns: `H' · W_q`.
+    columns: usize,
+}
+
+impl<'a, T: Element> Images<'a, T> {
+    fn new(g: &'a Geometry, weight: &'a [T], bias: Vec<f32>) -> Self {
+        let [kh, kw] = g.kernel;
+        let ([dh, dw], [sh, sw]) = (g.dilation, g.stride);
+        // (`reads_shifted_rows` saw the planes' size fit.)
+        let [hq, wq] = g.phase_plane().expect("checked by reads_shifted_rows");
+        let (row_phases, col_phases) = (g.phases(0), g.phases(1));
+        let index = |phases: &[usize], phase: usize| {
+            phases
+                .binary_search(&phase)
+                .expect("`phases` lists every tap's phase")
+        };
+        let per_channel = row_phases.len() * col_phases.len();
+        let starts = (0..g.patch_len())
+            .map(|row| {
+                let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
+                let (p, q) = (
+                    index(&row_phases, ki * dh % sh),
+                    index(&col_phases, kj * dw % sw),
+                );
+                let plane_index = channel * per_channel + p * col_phases.len() + q;
+                plane_index * hq * wq + ki * dh / sh * wq + kj * dw / sw
+            })
+            .collect();
+        // A pointwise convolution's planes would be the image itself: B's rows are read there.
+        let (planes, planes_len) = match g.is_pointwise() {
+            true => (0, 0),
+            false => (
+                g.channels * per_channel,
+                g.phase_planes_len().expect("checked by reads_shifted_rows"),
+            ),
+        };
+        Images {
+            g,
+            weight,
+            bias,
+            starts,
+            row_phases,
+            col_phases,
+            planes,
+            plane: hq * wq,
+            planes_len,
+            columns: g.output[0] * wq,
+        }
+    }
+
+    /// One image (`source`, `[C, H, W]`) into `out` (`[O, H', W']`) on `team` threads: its
+    /// planes, the GEMM into `room`'s product, the product stored with the bias.
+    fn run(&self, source: &[T], out: &mut [T], room: &mut Room, rounding: Rounding, team: usize) {
+        let g = self.g;
+        let ([h, wd], [oh, ow]) = (g.input, g.output);
+        let ([top, left], [sh, sw]) = (g.pad_before, g.stride);
+        let (plane, wq, columns) = (self.plane, self.columns / oh, self.columns);
+        let (row_phases, col_phases) = (&self.row_phases, &self.col_phases);
+        let per_channel = row_phases.len() * col_phases.len();
+        let padded = &mut bytemuck::cast_slice_mut::<f32, T>(&mut room.planes)[..self.planes_len];
+        let planes = per_thread_on(team, &mut padded[..self.planes * plane], plane);
+        crate::runtime::threads::for_each(planes, &|(first, chunk): (usize, &mut [T])| {
             for (i, to) in chunk.chunks_exact_mut(plane).enumerate() {
                 let (channel, phase) = ((first + i) / per_channel, (first + i) % per_channel);
                 let (p, q) = (
@@ -197,31 +270,29 @@ fn implicit<T: Element>(
                 }
             }
         });
-        let describe = || Call {
-            kernel: format!("gemm_{}_{micro}", T::DTYPE),
-            backend: format!("cpu/{micro}"),
-            dtype: T::DTYPE,
-            shapes: format!("{:?}x{:?}", [o, k], [k, columns]),
-            precision: note.clone(),
+        let (o, k) = (g.out_channels, g.patch_len());
+        let product = &mut room.product[..o * columns];
+        let a = MatView {
+            data: self.weight,
+            offset: 0,
+            rs: k,
+            cs: 1,
         };
-        trace::kernel(describe, || {
-            let a = MatView {
-                data: &w,
-                offset: 0,
-                rs: k,
-                cs: 1,
-            };
-            let b = (&*padded, &starts[..]);
-            gemm::gemm_rows(product, (o, columns, k), a, b, rounding, threads);
-            Ok(())
-        })?;
-        let channels = per_thread(out, oh * ow);
+        let rows = if self.planes == 0 { source } else { &*padded };
+        gemm::gemm_rows(
+            product,
+            (o, columns, k),
+            a,
+            (rows, &self.starts),
+            rounding,
+            team,
+        );
+        let product = &*product;
+        let channels = per_thread_on(team, out, oh * ow);
         crate::runtime::threads::for_each(channels, &|(first, chunk): (usize, &mut [T])| {
             for (i, to) in chunk.chunks_exact_mut(oh * ow).enumerate() {
-                let (sums, b) = (
-                    &product[(first + i) * columns..][..columns],
-                    bias[first + i],
-                );
+                let sums = &product[(first + i) * columns..][..columns];
+                let b = self.bias[first + i];
                 for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wq)) {
                     for (t, &f) in line.iter_mut().zip(from) {
                         *t = T::from_f32(f + b);
@@ -230,13 +301,48 @@ fn implicit<T: Element>(
             }
         });
     }
-    if kept.len() <= KEPT_PRODUCT {
-        PRODUCT.set(kept);
+}
+
+/// One thread's buffers for the images it runs: the planes (kept zeroed: the padding stays
+/// zero as every image writes the same interior) and the GEMM's product, each taken from
+/// and given back to the thread's kept buffers.
+struct Room {
+    /// The planes, as 32-bit words.
+    planes: Vec<f32>,
+    product: Vec<f32>,
+}
+
+impl Room {
+    fn take<T: Element>(images: &Images<'_, T>) -> Result<Room> {
+        let mut planes = PLANES.take();
+        let words = (images.planes_len * std::mem::size_of::<T>()).div_ceil(4);
+        planes.clear();
+        planes
+            .try_reserve(words)
+            .map_err(|_| crate::Error::OutOfMemory {
+                device: Device::Cpu,
+                bytes: words as u64 * 4,
+                why: "conv2d: the padded input planes".into(),
+            })?;
+        planes.resize(words, 0.0);
+        // Every element is stored by the GEMM: a kept buffer needs no zeroing.
+        let len = images.g.out_channels * images.columns;
+        let mut product = PRODUCT.take();
+        if product.len() < len {
+            product = host_zeros::<f32>("conv2d", len)?;
+        }
+        Ok(Room { planes, product })
     }
-    if kept_planes.len() <= KEPT_PRODUCT {
-        PLANES.set(kept_planes);
+
+    /// Gives the buffers back to this thread's kept ones, where they are small enough.
+    fn keep(self) {
+        if self.product.len() <= KEPT_PRODUCT {
+            PRODUCT.set(self.product);
+        }
+        if self.planes.len() <= KEPT_PRODUCT {
+            PLANES.set(self.planes);
+        }
     }
-    Ok(out)
 }
 
 /// f32 values (or 32-bit words of planes) of an implicit convolution's product and padded
@@ -475,8 +581,13 @@ fn gather<T: Copy>(
 /// `buffer`, whole items of `item_len > 0` values, in one run of items per pool thread,
 /// each with the index of its first item.
 fn per_thread<T>(buffer: &mut [T], item_len: usize) -> Vec<(usize, &mut [T])> {
+    per_thread_on(crate::get_num_threads(), buffer, item_len)
+}
+
+/// [`per_thread`] for a team of `team` threads.
+fn per_thread_on<T>(team: usize, buffer: &mut [T], item_len: usize) -> Vec<(usize, &mut [T])> {
     let items = buffer.len() / item_len;
-    let per = items.div_ceil(crate::get_num_threads().max(1)).max(1);
+    let per = items.div_ceil(team.max(1)).max(1);
     buffer
         .chunks_mut(per * item_len)
         .enumerate()
