@@ -513,8 +513,9 @@ fn without_a_gpu_the_cuda_tests_run_on_the_interpreted_device() {
     );
 }
 
-/// conv2d through the generated im2col, GEMM and bias kernels, in every dtype CUDA
-/// convolves, with `cudnn.allow_tf32` choosing the fp32 GEMM's mode as in PyTorch.
+/// conv2d through the generated implicit-GEMM and bias kernels (pointwise ones through the
+/// plain GEMM), in every dtype CUDA convolves, with `cudnn.allow_tf32` choosing the fp32
+/// GEMM's mode as in PyTorch.
 #[test]
 fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
     use common::conv::{BASE, Case, bound, cases, check_on};
@@ -531,6 +532,35 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
         for dtype in [DType::F32, DType::F16, DType::Bf16] {
             let err = check_on(&case, dtype, device);
             assert!(err < bound(dtype), "cuda {dtype} {case:?}: {err:e}");
+        }
+    }
+    // The kernels the trace names: the implicit GEMM (split over K where the output alone
+    // is too small for the device: 64 channels x 3 x 3 deep, 4 x 16 outputs), and the plain
+    // GEMM for a pointwise convolution.
+    let deep = Case {
+        n: 1,
+        c: 64,
+        o: 4,
+        hw: [4, 4],
+        padding: backends::conv::Padding::Same,
+        ..BASE
+    };
+    let pointwise = Case { k: [1, 1], ..BASE };
+    for (case, kernel) in [
+        (deep, "conv_gemm_"),
+        (BASE, "conv_gemm_"),
+        (pointwise, ",gemm_"),
+    ] {
+        for dtype in [DType::F32, DType::Bf16] {
+            let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+            let capture = backends::TraceCapture::start();
+            let err = check_on(&case, dtype, device);
+            let lines = capture.take();
+            assert!(err < bound(dtype), "cuda {dtype} {case:?}: {err:e}");
+            let gemm = lines.iter().find(|l| l.contains(kernel));
+            assert!(gemm.is_some(), "{kernel} {dtype}: {lines:?}");
+            let split = gemm.is_some_and(|l| l.contains("split-K x"));
+            assert_eq!(split, case.c == 64, "{lines:?}");
         }
     }
     let case = Case {
@@ -571,7 +601,7 @@ fn conv2d_runs_the_generated_kernels_under_cudnn_allow_tf32() {
     let x = Tensor::from_f64(&random(2 * 3 * 4 * 4), &[2, 3, 4, 4], DType::F32, device).unwrap();
     let w = Tensor::from_f64(&random(4 * 3 * 9), &[4, 3, 3, 3], DType::F32, device).unwrap();
     let choice = backends::conv::explain(&x, &w, &Default::default()).unwrap();
-    assert_eq!(choice.lowering, "im2col+gemm");
+    assert_eq!(choice.lowering, "implicit gemm");
     assert!(
         choice.precision.contains("ieee (cudnn.allow_tf32 off)"),
         "{choice:?}"

@@ -180,14 +180,25 @@ fn every_family_ships_a_cubin_for_every_declared_arch() {
     }
 }
 
-/// Each family's parameter list, as its template's header documents it (and as the CUDA
+/// Each kernel's parameter list, as its template's header documents it (and as the CUDA
 /// launchers pass it: they check their arguments against the PTX before every launch).
-fn documented_params(family: Family) -> Vec<PtxParam> {
+fn documented_params(key: KernelKey) -> Vec<PtxParam> {
     use PtxParam::{B32, B64, F32, F64};
     let n = |p: PtxParam, count: usize| vec![p; count];
-    match family {
-        // A, B, out; M, N, K, batch, splits, k_slice; 6 operand strides, c_batch, c_row.
-        Family::Gemm => [n(B64, 3), n(B32, 6), n(B64, 8)].concat(),
+    match key.family() {
+        // A, B, out; M, N, K, batch, splits, k_slice; 6 operand strides, c_batch, c_row;
+        // an implicit-GEMM convolution's groups, H, W, W', kH, kW, 2 strides, 2 pads and 2
+        // dilations.
+        Family::Gemm => {
+            let conv = matches!(key, KernelKey::Gemm(k) if k.conv);
+            [
+                n(B64, 3),
+                n(B32, 6),
+                n(B64, 8),
+                n(B32, if conv { 12 } else { 0 }),
+            ]
+            .concat()
+        }
         // partials, C; M, N, batch, splits; c_batch, c_row.
         Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
         // q, k, v, o, lse; H, Hk, Lq, Lk; scale; lo, hi, lower_right, split_len; 12
@@ -252,7 +263,7 @@ fn every_cuda_kernel_takes_the_documented_parameters() {
         for entry in entries_for(module.family, module.tier) {
             assert_eq!(
                 kernels::ptx_params(ptx, entry.name),
-                Some(documented_params(module.family)),
+                Some(documented_params(entry.key)),
                 "{} for compute_{}",
                 entry.name,
                 module.tier

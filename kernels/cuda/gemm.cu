@@ -7,6 +7,11 @@
 //            (fp32 inputs rounded to bf16 when T is float)   3: fp16 tensor cores
 //   ACC_F16  1: fp16 accumulators (MATH 3 only)
 //   P        type of split-K partial sums (float, or T when reduced-precision reduction is allowed)
+//   CONV     1: an implicit-GEMM convolution. Batch b is image b / groups, group b % groups;
+//            A is the weight [groups, M, K] (A += (b % groups) * a_batch), B the input
+//            [images, groups · C/g, H, W] (B += b * b_batch, b_batch = C/g · H · W), read as
+//            its unfolding [C/g · kH · kW, H' · W'] (zero where a tap falls in the padding;
+//            b_row and b_col unused); C is [images, groups · M, H' · W'].
 //   BM, BN, BK  block tile; 128 threads = 2 x 2 warps, each a (BM/2) x (BN/2) warp tile
 //
 // Launch: grid (ceil(N/BN), ceil(M/BM), batch * splits), block 128.
@@ -42,13 +47,40 @@ __device__ __forceinline__ void store_out(void* out, long long index, float v, b
     else ((T*)out)[index] = from_f32<T>(v);
 }
 
+#if CONV
+// The convolution's sizes: B's element (k, n) is input channel k / (kH · kW), tap
+// k % (kH · kW), at output pixel n.
+struct Conv {
+    int groups, height, width, out_w, kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+};
+
+__device__ __forceinline__ T unfolded(const T* B, const Conv& cv, int gk, int gn) {
+    const int taps = cv.kh * cv.kw;
+    const int channel = gk / taps, tap = gk - channel * taps;
+    const int oy = gn / cv.out_w, ox = gn - oy * cv.out_w;
+    const int iy = oy * cv.stride_h + tap / cv.kw * cv.dil_h - cv.pad_h;
+    const int ix = ox * cv.stride_w + tap % cv.kw * cv.dil_w - cv.pad_w;
+    if (iy < 0 || iy >= cv.height || ix < 0 || ix >= cv.width) return from_f32<T>(0.f);
+    return B[((long long)channel * cv.height + iy) * cv.width + ix];
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const T* __restrict__ A, const T* __restrict__ B, void* __restrict__ out,
     int M, int N, int K, int batch, int splits, int k_slice,
     long long a_batch, long long a_row, long long a_col,
     long long b_batch, long long b_row, long long b_col,
-    long long c_batch, long long c_row)
+    long long c_batch, long long c_row
+#if CONV
+    , int groups, int height, int width, int out_w, int kh, int kw,
+    int stride_h, int stride_w, int pad_h, int pad_w, int dil_h, int dil_w
+#endif
+    )
 {
+#if CONV
+    const Conv cv = {groups, height, width, out_w, kh, kw, stride_h, stride_w, pad_h, pad_w,
+                     dil_h, dil_w};
+#endif
     __shared__ smem_t As[BM][BK + 1];
     __shared__ smem_t Bs[BN][BK + 1];
 
@@ -58,7 +90,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int k_begin = split * k_slice;
     const int k_end = min(K, k_begin + k_slice);
+#if CONV
+    A += (b % cv.groups) * a_batch;
+#else
     A += b * a_batch;
+#endif
     B += b * b_batch;
 
 #if MATH == 0
@@ -95,7 +131,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) KERNEL(
         for (int e = tid; e < BN * BK; e += THREADS) {
             int r = e / BK, c = e % BK;
             int gn = n0 + r, gk = k0 + c;
+#if CONV
+            Bs[r][c] = (gn < N && gk < k_end) ? to_smem(unfolded(B, cv, gk, gn)) : (smem_t)0;
+#else
             Bs[r][c] = (gn < N && gk < k_end) ? to_smem(B[gk * b_row + gn * b_col]) : (smem_t)0;
+#endif
         }
         __syncthreads();
 

@@ -102,6 +102,9 @@ pub struct GemmKey {
     /// Type of split-K partial sums: `F32`, or the 16-bit input type when
     /// reduced-precision reduction is allowed.
     pub partials: Elem,
+    /// B is a convolution's input, unfolded as the kernel reads it (an implicit GEMM per
+    /// image and group; the convolution's sizes are extra arguments).
+    pub conv: bool,
 }
 
 /// The sum of split-K partials into C.
@@ -352,11 +355,12 @@ impl KernelKey {
         let mask = |m: MaskKind| format!("MaskKind::{m:?}");
         match *self {
             KernelKey::Gemm(k) => format!(
-                "KernelKey::Gemm(GemmKey {{ elem: {}, math: GemmMath::{:?}, acc_f16: {}, partials: {} }})",
+                "KernelKey::Gemm(GemmKey {{ elem: {}, math: GemmMath::{:?}, acc_f16: {}, partials: {}, conv: {} }})",
                 elem(k.elem),
                 k.math,
                 k.acc_f16,
-                elem(k.partials)
+                elem(k.partials),
+                k.conv
             ),
             KernelKey::SplitKReduce(k) => format!(
                 "KernelKey::SplitKReduce(SplitKReduceKey {{ elem: {}, partials: {} }})",

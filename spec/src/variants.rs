@@ -106,7 +106,25 @@ fn wgsl_t(elem: Elem) -> Option<WgslDecl> {
     elem.wgsl_type().map(|t| WgslDecl::Alias("T", t))
 }
 
+/// A GEMM variant, WGSL too where `wgsl` says.
 fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -> Variant {
+    gemm_of(elem, math, acc_f16, partials, false, wgsl)
+}
+
+/// The implicit-GEMM convolution of `elem` under `math` (CUDA only: f32 accumulators and
+/// partials, as cuDNN's convolutions keep them whatever matmul's reduced-precision flags say).
+fn conv_gemm(elem: Elem, math: GemmMath) -> Variant {
+    gemm_of(elem, math, false, Elem::F32, true, false)
+}
+
+fn gemm_of(
+    elem: Elem,
+    math: GemmMath,
+    acc_f16: bool,
+    partials: Elem,
+    conv: bool,
+    wgsl: bool,
+) -> Variant {
     let math_code = match math {
         GemmMath::Ieee => 0,
         GemmMath::Tf32 => 1,
@@ -115,7 +133,8 @@ fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -
     };
     let smem_elem = if math_code <= 1 { 4 } else { 2 };
     let name = format!(
-        "gemm_{}_{:?}_acc{}_p{}",
+        "{}_{}_{:?}_acc{}_p{}",
+        if conv { "conv_gemm" } else { "gemm" },
         elem.name(),
         math,
         if acc_f16 { 16 } else { 32 },
@@ -128,6 +147,7 @@ fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -
             ("MATH", math_code.to_string()),
             ("ACC_F16", u32::from(acc_f16).to_string()),
             ("P", partials.cuda_type().to_string()),
+            ("CONV", u32::from(conv).to_string()),
             ("BM", "64".into()),
             ("BN", "64".into()),
             ("BK", "32".into()),
@@ -161,6 +181,7 @@ fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -
             math,
             acc_f16,
             partials,
+            conv,
         }),
         name,
         cuda: Some(cuda),
@@ -262,16 +283,21 @@ fn strided_copy(elem: Elem) -> Variant {
     )
 }
 
-fn im2col(elem: Elem) -> Variant {
-    word_mover(
-        KernelKey::Im2col(Im2colKey { elem }),
-        format!("im2col_{}", elem.name()),
-        elem,
-    )
+/// The im2col kernel of wgpu's convolutions (4-byte words; CUDA convolves as an implicit
+/// GEMM instead).
+fn im2col() -> Variant {
+    Variant {
+        cuda: None,
+        ..word_mover(
+            KernelKey::Im2col(Im2colKey { elem: Elem::F32 }),
+            "im2col_f32".into(),
+            Elem::F32,
+        )
+    }
 }
 
 /// A kernel that moves elements as opaque words of `elem`'s size (a gather: the strided
-/// copy, im2col): one element per thread, 256 threads per block; WGSL moves 32-bit words
+/// copy, wgpu's im2col): one element per thread, 256 threads per block; WGSL moves 32-bit words
 /// only.
 fn word_mover(key: KernelKey, name: String, elem: Elem) -> Variant {
     let word = match elem {
@@ -490,6 +516,10 @@ pub fn all() -> Vec<Variant> {
         gemm(F16, G::F16, true, F16, false),
         gemm(Bf16, G::Bf16, false, F32, false),
         gemm(Bf16, G::Bf16, false, Bf16, false),
+        conv_gemm(F32, G::Ieee),
+        conv_gemm(F32, G::Tf32),
+        conv_gemm(F16, G::F16),
+        conv_gemm(Bf16, G::Bf16),
     ];
     for (elem, partials) in [
         (F32, F32),
@@ -507,8 +537,8 @@ pub fn all() -> Vec<Variant> {
     // One copy per element size: 2 (f16 and bf16), 4 and 8 bytes.
     for elem in [F16, F32, F64] {
         v.push(strided_copy(elem));
-        v.push(im2col(elem));
     }
+    v.push(im2col());
     for elem in [F32, F64, F16, Bf16] {
         v.push(bias_add(elem));
     }

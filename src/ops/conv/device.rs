@@ -1,14 +1,15 @@
-//! The convolution on wgpu and CUDA: the generated im2col kernel unfolds the input on the
-//! device, `matmul` multiplies each group's weight with it (the generated GEMMs, batched
-//! over images and groups), and the generated bias kernel adds the bias in place. On CUDA
-//! the GEMM's fp32 mode follows `cudnn.allow_tf32` (as PyTorch's convolutions do), not
-//! matmul's flag.
+//! The convolution on wgpu and CUDA. On CUDA the generated implicit GEMM
+//! ([`crate::ops::matmul::conv_gemm`]) reads each group's unfolded input straight from the
+//! input; on wgpu the generated im2col kernel unfolds the input on the device and `matmul`
+//! multiplies each group's weight with it (the generated GEMMs, batched over images and
+//! groups). Pointwise convolutions multiply the input as it stands on both. The generated
+//! bias kernel adds the bias in place. On CUDA the GEMMs' fp32 mode follows
+//! `cudnn.allow_tf32` (as PyTorch's convolutions do), not matmul's flag.
 
 use super::Geometry;
 use crate::core::tensor::Storage;
 use crate::kernels::{BiasAddKey, Elem, Im2colKey, KernelKey};
 use crate::runtime::cuda::launch::Kernel;
-use crate::runtime::cuda::memory::CudaBuffer;
 use crate::runtime::cuda::{grid_dim, long_arg};
 use crate::runtime::wgpu::{WgpuBuffer, u32_arg};
 use crate::{DType, Device, Error, Result, Tensor, matmul};
@@ -62,6 +63,15 @@ pub(crate) fn conv2d(
     let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
     let device = input.device();
     let w = weight.contiguous()?;
+    if let Device::Cuda(ordinal) = device
+        && !g.is_pointwise()
+    {
+        let product = crate::ops::matmul::conv_gemm(ordinal, &input.contiguous()?, &w, g)?;
+        if let Some(bias) = bias {
+            add_bias(&product, &bias.contiguous()?, o, p)?;
+        }
+        return product.view(&[n, o, g.output[0], g.output[1]]);
+    }
     let cols = if g.is_pointwise() {
         input.contiguous()?.view(&[n * g.groups, kg, p])?
     } else {
@@ -95,102 +105,53 @@ pub(crate) fn conv2d(
     product.view(&[n, o, g.output[0], g.output[1]])
 }
 
-/// The element type whose size the im2col kernel moves for `dtype`.
-fn word(dtype: DType) -> Elem {
-    match dtype {
-        DType::F16 | DType::Bf16 => Elem::F16,
-        DType::F64 => Elem::F64,
-        _ => Elem::F32,
-    }
-}
-
-/// The unfolded input `[N · groups, C/g · kH · kW, H' · W']` of the contiguous `x`.
+/// The unfolded input `[N · groups, C/g · kH · kW, H' · W']` of the contiguous f32 `x` on
+/// wgpu.
 fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
+    let Device::Wgpu(index) = x.device() else {
+        unreachable!("CUDA convolves as an implicit GEMM, the CPU unfolds on the host")
+    };
     let rows = g.batch * g.channels * g.kernel[0] * g.kernel[1];
     let count = rows * g.pixels();
-    let bytes = count * x.dtype().size();
-    let key = KernelKey::Im2col(Im2colKey {
-        elem: word(x.dtype()),
-    });
-    let sizes = [g.input[0], g.input[1], g.output[0], g.output[1]];
-    let taps = [
-        g.kernel[0],
-        g.kernel[1],
-        g.stride[0],
-        g.stride[1],
-        g.pad_before[0],
-        g.pad_before[1],
-        g.dilation[0],
-        g.dilation[1],
-    ];
-    let too_large = || Error::ShapeMismatch {
-        op: "conv2d",
-        detail: format!(
-            "the unfolded input ({count} elements) or a kernel size exceeds what the device's \
-             kernels index; use smaller batches"
-        ),
-    };
-    let storage = match x.device() {
-        Device::Cuda(ordinal) => {
-            let kernel = Kernel::get(ordinal, &key)?;
-            let out = CudaBuffer::zeroed(ordinal, bytes)?;
-            let src = x.cuda_buffer().expect("a CUDA tensor has a buffer").view(0);
-            let dst = out.view(0);
-            let longs = [count, x.offset()]
-                .into_iter()
-                .chain(sizes)
-                .map(long_arg)
-                .collect::<Vec<_>>();
-            let ints = taps
-                .iter()
-                .map(|&t| i32::try_from(t).map_err(|_| too_large()))
-                .collect::<Result<Vec<_>>>()?;
-            let mut args = kernel.args();
-            args.ptr(&src).ptr(&dst);
-            for value in &longs {
-                args.long(value);
-            }
-            for value in &ints {
-                args.int(value);
-            }
-            let grid = (grid_dim("conv2d", count.div_ceil(256))?, 1, 1);
-            if count > 0 {
-                // SAFETY: the arguments follow im2col.cu's parameter list; every element it
-                // reads lies in the contiguous input (offset + N·C·H·W), and the output holds
-                // `count` elements.
-                unsafe { kernel.launch(args, grid) }?;
-            }
-            Storage::Device(Box::new(out))
-        }
-        Device::Wgpu(index) => {
-            let entry = crate::kernels::lookup(&key).expect("the im2col kernels are declared");
-            let kernel = entry.wgsl.as_ref().expect("f32 im2col has WGSL");
-            let dispatch = crate::runtime::wgpu::folded_groups("conv2d", count.div_ceil(256))?;
-            let words = [count, x.offset()]
-                .into_iter()
-                .chain(sizes)
-                .chain(taps)
-                .chain([dispatch[0] as usize, 0])
-                .map(|v| u32::try_from(v).map_err(|_| too_large()))
-                .collect::<Result<Vec<_>>>()?;
-            let gpu = crate::runtime::wgpu::gpu(index)?;
-            let out = WgpuBuffer::output(gpu, bytes)?;
-            let src = x.wgpu_buffer().expect("a wgpu tensor has a buffer");
-            if count > 0 {
-                gpu.run(
-                    entry.name,
-                    kernel,
-                    &[src.raw(), out.raw()],
-                    &words,
-                    dispatch,
-                )?;
-            }
-            Storage::Device(Box::new(out))
-        }
-        Device::Cpu => unreachable!("the CPU unfolds on the host"),
-    };
+    let key = KernelKey::Im2col(Im2colKey { elem: Elem::F32 });
+    let entry = crate::kernels::lookup(&key).expect("the im2col kernel is declared");
+    let kernel = entry.wgsl.as_ref().expect("f32 im2col has WGSL");
+    let dispatch = crate::runtime::wgpu::folded_groups("conv2d", count.div_ceil(256))?;
+    let words = [
+        count,
+        x.offset(),
+        g.input[0],
+        g.input[1],
+        g.output[0],
+        g.output[1],
+    ]
+    .into_iter()
+    .chain(g.kernel)
+    .chain(g.stride)
+    .chain(g.pad_before)
+    .chain(g.dilation)
+    .chain([dispatch[0] as usize, 0])
+    .map(|v| u32_arg("conv2d", v))
+    .collect::<Result<Vec<_>>>()?;
+    let gpu = crate::runtime::wgpu::gpu(index)?;
+    let out = WgpuBuffer::output(gpu, count * x.dtype().size())?;
+    let src = x.wgpu_buffer().expect("a wgpu tensor has a buffer");
+    if count > 0 {
+        gpu.run(
+            entry.name,
+            kernel,
+            &[src.raw(), out.raw()],
+            &words,
+            dispatch,
+        )?;
+    }
     let shape = [g.batch * g.groups, g.patch_len(), g.output[0] * g.output[1]];
-    Ok(Tensor::from_storage(storage, x.dtype(), x.device(), &shape))
+    Ok(Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        x.dtype(),
+        x.device(),
+        &shape,
+    ))
 }
 
 /// Adds `bias` (`[channels]`) in place to the contiguous `out` (`[.., channels, inner]`).

@@ -3,10 +3,12 @@
 //! stride, padding (explicit, `"same"` or `"valid"`), dilation and groups (depthwise
 //! included), in PyTorch's semantics and with its error messages.
 //!
-//! The CPU lowers each group of each image to one GEMM (`conv/cpu.rs`): the input's
-//! patches are unfolded (im2col, in the input's dtype; skipped for 1×1 kernels with unit
-//! stride and no padding, whose input already is the GEMM's right side) and multiplied by
-//! the weight through [`matmul`](crate::matmul), so the flags that steer matmul steer the
+//! The CPU lowers each group of each image to one GEMM (`conv/cpu.rs`): convolutions of one
+//! group read B's rows in place from padded phase planes of the input (an implicit GEMM;
+//! pointwise ones from the input itself), depthwise ones run directly, and the rest unfold
+//! the input's patches (im2col, in the input's dtype; skipped for 1×1 kernels with unit
+//! stride and no padding, whose input already is the GEMM's right side) and multiply them
+//! by the weight through [`matmul`](crate::matmul). The flags that steer matmul steer the
 //! convolution too (`fp32_precision`, bf16/f16 reduced-precision rules, AVX512-BF16 / AMX
 //! kernels) and its trace lines follow the convolution's own (`mkldnn::verbose`). The bias
 //! is added to the result in its dtype.
@@ -18,10 +20,12 @@
 //! `cudnn.enabled` is on and cuDNN 9 loads (`conv/cudnn.rs`): `cudnn.allow_tf32`,
 //! `cudnn.deterministic`, `cudnn.benchmark` and `cudnn.benchmark_limit` choose its engine
 //! as in PyTorch. Otherwise, and on wgpu (f32, bf16), the generated kernels convolve on the
-//! device (`conv/device.rs`): the im2col kernel unfolds the input, `matmul`'s generated
-//! GEMMs multiply each group's weight with it in one batched call, and the bias kernel adds
-//! the bias; on CUDA their fp32 GEMM follows `cudnn.allow_tf32` (TF32 by default, as
-//! PyTorch's convolutions do) instead of matmul's flag.
+//! device (`conv/device.rs`): on CUDA the generated implicit GEMM reads each group's
+//! unfolded input from the input as it loads its tiles; on wgpu the im2col kernel unfolds
+//! the input and `matmul`'s generated GEMMs multiply each group's weight with it in one
+//! batched call; the bias kernel adds the bias. On CUDA the fp32 GEMMs follow
+//! `cudnn.allow_tf32` (TF32 by default, as PyTorch's convolutions do) instead of matmul's
+//! flag.
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -356,7 +360,8 @@ pub struct ConvChoice {
     /// stride, no padding: the input is B as it stands; on the CPU with one group, its rows
     /// read in place where [`Geometry::reads_shifted_rows`] says so), `implicit gemm` (CPU,
     /// one group: B's rows read in place from padded phase planes of the input, see
-    /// [`Geometry::reads_shifted_rows`]), `im2col+gemm`, or `cudnn graph` (cuDNN's engine).
+    /// [`Geometry::reads_shifted_rows`]; CUDA's generated kernels: B's tiles read from the
+    /// input as they are loaded), `im2col+gemm`, or `cudnn graph` (cuDNN's engine).
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
     pub precision: String,
@@ -398,7 +403,9 @@ fn plan(
         "direct depthwise"
     } else if g.is_pointwise() && (device != Device::Cpu || g.groups == 1) {
         "gemm"
-    } else if device == Device::Cpu && g.reads_shifted_rows(input.dtype()) {
+    } else if device == Device::Cpu && g.reads_shifted_rows(input.dtype())
+        || matches!(device, Device::Cuda(_))
+    {
         "implicit gemm"
     } else {
         "im2col+gemm"

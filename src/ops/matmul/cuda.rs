@@ -32,6 +32,7 @@ fn variant(dtype: DType) -> Result<(GemmKey, String)> {
         math,
         acc_f16,
         partials,
+        conv: false,
     };
     Ok(match dtype {
         DType::F32 => match flags::fp32_precision_effective() {
@@ -95,32 +96,71 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
     let dtype = a.dtype();
     let (key, note) = variant(dtype)?;
     let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
-    let output = |out| {
-        Tensor::from_storage(
-            Storage::Device(Box::new(out)),
-            dtype,
-            Device::Cuda(ordinal),
-            &p.out_shape,
-        )
-    };
-    if p.batch * p.m * p.n == 0 || p.k == 0 {
-        return Ok(output(out));
+    if p.batch * p.m * p.n != 0 && p.k != 0 {
+        let library = preferred_blas_library(None);
+        // `default` runs the generated kernels: which sizes a vendor library should take
+        // instead is for the device check's side-by-side table to show, not to guess
+        // (module docs).
+        #[cfg(feature = "cuda")]
+        let vendor_problem = match super::cublas::preferred(library, ordinal, (a, b), p, &out)? {
+            super::cublas::Served::Vendor => return Ok(output(out, dtype, ordinal, p)),
+            super::cublas::Served::Generated(why) => why,
+        };
+        // (Unreached without `cuda`: no CUDA buffer exists there.)
+        #[cfg(not(feature = "cuda"))]
+        let vendor_problem: Option<String> = None;
+        let note = match vendor_problem {
+            Some(why) => format!("{note} ({library} preferred, not used: {why})"),
+            None => note,
+        };
+        let launch = Launch {
+            key,
+            note,
+            shapes: shapes(a, b),
+            conv: None,
+        };
+        generated(ordinal, (a, b), p, launch, &out)?;
     }
-    let library = preferred_blas_library(None);
-    // `default` runs the generated kernels: which sizes a vendor library should take instead
-    // is for the device check's side-by-side table to show, not to guess (module docs).
-    #[cfg(feature = "cuda")]
-    let vendor_problem = match super::cublas::preferred(library, ordinal, (a, b), p, &out)? {
-        super::cublas::Served::Vendor => return Ok(output(out)),
-        super::cublas::Served::Generated(why) => why,
-    };
-    // (Unreached without `cuda`: no CUDA buffer exists there.)
-    #[cfg(not(feature = "cuda"))]
-    let vendor_problem: Option<String> = None;
-    let note = match vendor_problem {
-        Some(why) => format!("{note} ({library} preferred, not used: {why})"),
-        None => note,
-    };
+    Ok(output(out, dtype, ordinal, p))
+}
+
+/// The tensor of `p`'s shape over `out`.
+fn output(out: CudaBuffer, dtype: DType, ordinal: usize, p: &Problem) -> Tensor {
+    Tensor::from_storage(
+        Storage::Device(Box::new(out)),
+        dtype,
+        Device::Cuda(ordinal),
+        &p.out_shape,
+    )
+}
+
+/// What one generated GEMM launch runs besides its operands.
+struct Launch {
+    key: GemmKey,
+    /// What the variant does, for the trace.
+    note: String,
+    /// The operands' shapes, for the trace.
+    shapes: String,
+    /// The convolution's arguments of an implicit GEMM (see gemm.cu's `CONV`).
+    conv: Option<[i32; 12]>,
+}
+
+/// The generated GEMM `key` of `a · b` as `p` lays them out into `out` (split-K with the
+/// fixed-order reduction where the output alone cannot fill the device).
+fn generated(
+    ordinal: usize,
+    (a, b): (&Tensor, &Tensor),
+    p: &Problem,
+    launch: Launch,
+    out: &CudaBuffer,
+) -> Result<()> {
+    let Launch {
+        key,
+        note,
+        shapes,
+        conv,
+    } = launch;
+    let dtype = a.dtype();
     let gemm = Kernel::get(ordinal, &KernelKey::Gemm(key))?;
     let tile = gemm.entry.cuda.as_ref().expect("a CUDA GEMM variant").tile;
     let sms = crate::runtime::cuda::get_device_properties(ordinal)
@@ -144,7 +184,7 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         a_buf.view(a.offset() * dtype.size()),
         b_buf.view(b.offset() * dtype.size()),
     );
-    let target = partials.as_ref().unwrap_or(&out).view(0);
+    let target = partials.as_ref().unwrap_or(out).view(0);
     let sizes = [p.m, p.n, p.k, p.batch, splits, k_slice]
         .map(|v| int_arg(op, v))
         .into_iter()
@@ -164,7 +204,7 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         kernel: gemm.entry.name.into(),
         backend: format!("cuda:{ordinal}"),
         dtype,
-        shapes: shapes(a, b),
+        shapes,
         precision: note,
     };
     trace::kernel(describe, || {
@@ -176,9 +216,13 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         for s in &strides {
             args.long(s);
         }
-        // SAFETY: the arguments follow gemm.cu's parameter list; the operands hold every
-        // element their strides reach (they are the tensors' own views), the target holds
-        // batch x M x N outputs or splits x batch x M x N partials (allocated above).
+        for v in conv.iter().flatten() {
+            args.int(v);
+        }
+        // SAFETY: the arguments follow gemm.cu's parameter list (the convolution's sizes
+        // where the variant is one); the operands hold every element their strides (or the
+        // convolution's unfolding) reach, the target holds batch x M x N outputs or
+        // splits x batch x M x N partials (allocated above).
         unsafe { gemm.launch(args, grid) }
     })?;
     if let Some(partials) = &partials {
@@ -206,7 +250,103 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
         // sized above for these sizes.
         unsafe { reduce.launch(args, grid) }?;
     }
-    Ok(output(out))
+    Ok(())
+}
+
+/// A convolution of the contiguous `input` (`[N, C, H, W]`) by the contiguous `weight`
+/// (`[O, C/g, kH, kW]`) on CUDA device `ordinal` as the generated implicit GEMM: one product
+/// of each group's weight with that group's unfolded input per image, the unfolding read
+/// from the input as the kernel loads B's tiles (never stored). fp32 follows
+/// `cudnn.allow_tf32` (as PyTorch's convolutions do); f16 and bf16 run on tensor cores with
+/// f32 accumulators. Returns `[N, O, H' · W']`.
+pub(crate) fn conv_gemm(
+    ordinal: usize,
+    input: &Tensor,
+    weight: &Tensor,
+    g: &crate::ops::conv::Geometry,
+) -> Result<Tensor> {
+    let dtype = input.dtype();
+    let (key, note) = conv_variant(dtype)?;
+    let (m, n, k) = (g.group_out_channels(), g.pixels(), g.patch_len());
+    let p = Problem {
+        batch: g.batch * g.groups,
+        m,
+        n,
+        k,
+        out_shape: vec![g.batch, g.out_channels, n],
+        // A's batch stride is per group (gemm.cu's CONV), B's per image and group.
+        a: [m * k, k, 1],
+        b: [g.group_channels() * g.input[0] * g.input[1], 0, 0],
+        offsets: [weight.offset(), input.offset()],
+    };
+    let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
+    if p.outputs() != 0 {
+        let op = "conv2d on CUDA";
+        let sizes = [
+            g.groups,
+            g.input[0],
+            g.input[1],
+            g.output[1],
+            g.kernel[0],
+            g.kernel[1],
+            g.stride[0],
+            g.stride[1],
+            g.pad_before[0],
+            g.pad_before[1],
+            g.dilation[0],
+            g.dilation[1],
+        ];
+        let mut conv = [0; 12];
+        for (to, size) in conv.iter_mut().zip(sizes) {
+            *to = int_arg(op, size)?;
+        }
+        // (The kernel indexes one image's group of channels in 32-bit steps.)
+        int_arg(op, p.b[0])?;
+        let launch = Launch {
+            key,
+            note,
+            shapes: shapes(input, weight),
+            conv: Some(conv),
+        };
+        generated(ordinal, (weight, input), &p, launch, &out)?;
+    }
+    Ok(output(out, dtype, ordinal, &p))
+}
+
+/// The implicit-GEMM variant for a convolution of `dtype`, and what it does in words.
+fn conv_variant(dtype: DType) -> Result<(GemmKey, String)> {
+    let key = |elem, math| GemmKey {
+        elem,
+        math,
+        acc_f16: false,
+        partials: Elem::F32,
+        conv: true,
+    };
+    Ok(match dtype {
+        DType::F32 if crate::core::cudnn::allow_tf32() => (
+            key(Elem::F32, GemmMath::Tf32),
+            "tf32 (cudnn.allow_tf32), f32 accumulate".into(),
+        ),
+        DType::F32 => (
+            key(Elem::F32, GemmMath::Ieee),
+            "ieee fp32 (cudnn.allow_tf32 off)".into(),
+        ),
+        DType::F16 => (
+            key(Elem::F16, GemmMath::F16),
+            "fp16 tensor cores, f32 accumulate".into(),
+        ),
+        DType::Bf16 => (
+            key(Elem::Bf16, GemmMath::Bf16),
+            "bf16 tensor cores, f32 accumulate".into(),
+        ),
+        other => {
+            return Err(Error::DTypeMismatch {
+                op: "conv2d on CUDA (f32, f16, bf16; move f64 inputs to the CPU)",
+                expected: DType::F32,
+                got: other,
+            });
+        }
+    })
 }
 
 #[cfg(test)]

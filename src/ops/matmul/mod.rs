@@ -22,6 +22,8 @@ pub mod blas;
 mod cublas;
 mod cuda;
 
+pub(crate) use cuda::conv_gemm;
+
 use half::{bf16, f16};
 
 use crate::core::flag::{EnvInit, Flag};
@@ -589,6 +591,7 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         math,
         acc_f16: false,
         partials: Elem::F32,
+        conv: false,
     }))
     .expect("the wgpu GEMM variants are declared");
     let kernel = entry
