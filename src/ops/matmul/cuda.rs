@@ -114,6 +114,7 @@ pub(super) fn matmul(ordinal: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Res
             None => note,
         };
         let launch = Launch {
+            op: "matmul on CUDA",
             key,
             note,
             shapes: shapes(a, b),
@@ -136,6 +137,8 @@ fn output(out: CudaBuffer, dtype: DType, ordinal: usize, p: &Problem) -> Tensor 
 
 /// What one generated GEMM launch runs besides its operands.
 struct Launch {
+    /// The operation, for errors.
+    op: &'static str,
     key: GemmKey,
     /// What the variant does, for the trace.
     note: String,
@@ -155,6 +158,7 @@ fn generated(
     out: &CudaBuffer,
 ) -> Result<()> {
     let Launch {
+        op,
         key,
         note,
         shapes,
@@ -167,7 +171,6 @@ fn generated(
         .map_or(1, |d| d.multi_processor_count as usize);
     let k_slice = p.k.div_ceil(splits(p, tile, sms)).next_multiple_of(32);
     let splits = p.k.div_ceil(k_slice);
-    let op = "matmul on CUDA";
     let partials = (splits > 1)
         .then(|| {
             CudaBuffer::zeroed(
@@ -280,7 +283,8 @@ pub(crate) fn conv_gemm(
         offsets: [weight.offset(), input.offset()],
     };
     let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
-    if p.outputs() != 0 {
+    // (Without input channels the output is zeros.)
+    if p.outputs() != 0 && p.k != 0 {
         let op = "conv2d on CUDA";
         let sizes = [
             g.groups,
@@ -303,6 +307,7 @@ pub(crate) fn conv_gemm(
         // (The kernel indexes one image's group of channels in 32-bit steps.)
         int_arg(op, p.b[0])?;
         let launch = Launch {
+            op,
             key,
             note,
             shapes: shapes(input, weight),
