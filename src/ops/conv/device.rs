@@ -66,7 +66,29 @@ pub(crate) fn conv2d(
     if let Device::Cuda(ordinal) = device
         && !g.is_pointwise()
     {
-        let product = crate::ops::matmul::conv_gemm(ordinal, &input.contiguous()?, &w, g)?;
+        let sizes = crate::ops::matmul::ConvGemm {
+            images: n,
+            groups: g.groups,
+            m: g.group_out_channels(),
+            n: p,
+            k: kg,
+            group_input: g.group_channels() * g.input[0] * g.input[1],
+            args: [
+                g.groups,
+                g.input[0],
+                g.input[1],
+                g.output[1],
+                g.kernel[0],
+                g.kernel[1],
+                g.stride[0],
+                g.stride[1],
+                g.pad_before[0],
+                g.pad_before[1],
+                g.dilation[0],
+                g.dilation[1],
+            ],
+        };
+        let product = crate::ops::matmul::conv_gemm(ordinal, &input.contiguous()?, &w, &sizes)?;
         if let Some(bias) = bias {
             add_bias(&product, &bias.contiguous()?, o, p)?;
         }

@@ -256,6 +256,22 @@ fn generated(
     Ok(())
 }
 
+/// A convolution as its implicit GEMM sees it: one product per image and group.
+pub(crate) struct ConvGemm {
+    pub images: usize,
+    pub groups: usize,
+    /// Each group's output channels (M), the output's pixels (N) and a patch's length,
+    /// `C/g · kH · kW` (K).
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Input elements of one group of one image, `C/g · H · W`.
+    pub group_input: usize,
+    /// gemm.cu's `CONV` arguments: groups, H, W, W', kH, kW, the strides, the padding before
+    /// each dimension, the dilations.
+    pub args: [usize; 12],
+}
+
 /// A convolution of the contiguous `input` (`[N, C, H, W]`) by the contiguous `weight`
 /// (`[O, C/g, kH, kW]`) on CUDA device `ordinal` as the generated implicit GEMM: one product
 /// of each group's weight with that group's unfolded input per image, the unfolding read
@@ -266,52 +282,38 @@ pub(crate) fn conv_gemm(
     ordinal: usize,
     input: &Tensor,
     weight: &Tensor,
-    g: &crate::ops::conv::Geometry,
+    conv: &ConvGemm,
 ) -> Result<Tensor> {
     let dtype = input.dtype();
     let (key, note) = conv_variant(dtype)?;
-    let (m, n, k) = (g.group_out_channels(), g.pixels(), g.patch_len());
+    let ConvGemm { m, n, k, .. } = *conv;
     let p = Problem {
-        batch: g.batch * g.groups,
+        batch: conv.images * conv.groups,
         m,
         n,
         k,
-        out_shape: vec![g.batch, g.out_channels, n],
+        out_shape: vec![conv.images, conv.groups * m, n],
         // A's batch stride is per group (gemm.cu's CONV), B's per image and group.
         a: [m * k, k, 1],
-        b: [g.group_channels() * g.input[0] * g.input[1], 0, 0],
+        b: [conv.group_input, 0, 0],
         offsets: [weight.offset(), input.offset()],
     };
     let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
     // (Without input channels the output is zeros.)
     if p.outputs() != 0 && p.k != 0 {
         let op = "conv2d on CUDA";
-        let sizes = [
-            g.groups,
-            g.input[0],
-            g.input[1],
-            g.output[1],
-            g.kernel[0],
-            g.kernel[1],
-            g.stride[0],
-            g.stride[1],
-            g.pad_before[0],
-            g.pad_before[1],
-            g.dilation[0],
-            g.dilation[1],
-        ];
-        let mut conv = [0; 12];
-        for (to, size) in conv.iter_mut().zip(sizes) {
+        let mut args = [0; 12];
+        for (to, &size) in args.iter_mut().zip(&conv.args) {
             *to = int_arg(op, size)?;
         }
         // (The kernel indexes one image's group of channels in 32-bit steps.)
-        int_arg(op, p.b[0])?;
+        int_arg(op, conv.group_input)?;
         let launch = Launch {
             op,
             key,
             note,
             shapes: shapes(input, weight),
-            conv: Some(conv),
+            conv: Some(args),
         };
         generated(ordinal, (weight, input), &p, launch, &out)?;
     }

@@ -22,7 +22,7 @@ pub mod blas;
 mod cublas;
 mod cuda;
 
-pub(crate) use cuda::conv_gemm;
+pub(crate) use cuda::{ConvGemm, conv_gemm};
 
 use half::{bf16, f16};
 
