@@ -74,7 +74,6 @@ pub(crate) fn conv2d(
             k: kg,
             group_input: g.group_channels() * g.input[0] * g.input[1],
             args: [
-                g.groups,
                 g.input[0],
                 g.input[1],
                 g.output[1],

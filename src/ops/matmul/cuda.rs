@@ -267,9 +267,9 @@ pub(crate) struct ConvGemm {
     pub k: usize,
     /// Input elements of one group of one image, `C/g · H · W`.
     pub group_input: usize,
-    /// gemm.cu's `CONV` arguments: groups, H, W, W', kH, kW, the strides, the padding before
-    /// each dimension, the dilations.
-    pub args: [usize; 12],
+    /// gemm.cu's `CONV` arguments after the groups: H, W, W', kH, kW, the strides, the
+    /// padding before each dimension, the dilations.
+    pub args: [usize; 11],
 }
 
 /// A convolution of the contiguous `input` (`[N, C, H, W]`) by the contiguous `weight`
@@ -303,7 +303,10 @@ pub(crate) fn conv_gemm(
     if p.outputs() != 0 && p.k != 0 {
         let op = "conv2d on CUDA";
         let mut args = [0; 12];
-        for (to, &size) in args.iter_mut().zip(&conv.args) {
+        for (to, size) in args
+            .iter_mut()
+            .zip([conv.groups].into_iter().chain(conv.args))
+        {
             *to = int_arg(op, size)?;
         }
         // (The kernel indexes one image's group of channels in 32-bit steps.)
