@@ -21,11 +21,17 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 //!
-//! Only candle's CPU tensors are served: candle's CUDA storage is not built with this
-//! feature, and an op on another device is candle's "no cuda implementation" error.
+//! With `candle-cuda` the ops serve candle's CUDA tensors too (`cuda.rs`): the inputs are
+//! read in place from candle's device memory, the result is one device copy into memory of
+//! candle's. Building it needs nvcc for candle's own kernels (`scripts/nvcc.sh`), and the
+//! program then links the CUDA driver and libraries (candle's choice). Without it an op on
+//! a CUDA tensor is candle's "no cuda implementation" error.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape};
+
+#[cfg(feature = "candle-cuda")]
+mod cuda;
 
 use crate::{BorrowScope, CausalVariant, DType, Error, SdpaOptions, Tensor, Window};
 
@@ -68,7 +74,8 @@ pub fn matmul(
 
 /// A tensor of this library over a candle CPU tensor's storage, read in place for the
 /// length of `scope`: take `storage` and `layout` from candle's `storage_and_layout()`, and
-/// keep its guard alive around the scope.
+/// keep its guard alive around the scope. (candle's CUDA tensors are read in place inside
+/// [`sdpa`] and [`matmul`] only, with `candle-cuda`.)
 pub fn borrow<'env>(
     scope: &BorrowScope<'env>,
     storage: &'env candle_core::Storage,
@@ -78,7 +85,9 @@ pub fn borrow<'env>(
         candle_core::Storage::Cpu(cpu) => borrow_cpu(scope, cpu, layout),
         _ => Err(Error::Unavailable {
             what: "a candle tensor off the CPU",
-            why: "only candle's CPU tensors are read in place; move it with `to_device`".into(),
+            why: "only candle's CPU tensors are lent this way (candle's CUDA tensors go to \
+                  `sdpa` and `matmul` themselves); move it with `to_device`"
+                .into(),
         }),
     }
 }
@@ -138,6 +147,22 @@ fn output(t: Tensor) -> candle_core::Result<(CpuStorage, Shape)> {
 
 struct SdpaOp<'a>(&'a Attention);
 
+impl SdpaOp<'_> {
+    /// The options of the op, with its mask lent as `mask`.
+    fn options<'m>(&self, mask: Option<&'m Tensor>) -> SdpaOptions<'m> {
+        let attention = self.0;
+        SdpaOptions {
+            attn_mask: mask,
+            is_causal: attention.is_causal,
+            causal_variant: attention.causal_variant,
+            window: attention.window,
+            scale: attention.scale,
+            enable_gqa: attention.enable_gqa,
+            ..Default::default()
+        }
+    }
+}
+
 impl CustomOp3 for SdpaOp<'_> {
     fn name(&self) -> &'static str {
         "backends.sdpa"
@@ -152,22 +177,13 @@ impl CustomOp3 for SdpaOp<'_> {
         v: &CpuStorage,
         v_layout: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let attention = self.0;
-        let mask = attention.attn_mask.as_ref().map(|m| m.storage_and_layout());
+        let mask = self.0.attn_mask.as_ref().map(|m| m.storage_and_layout());
         let result = crate::borrow_scope(|scope| {
             let mask = match &mask {
                 Some((storage, layout)) => Some(borrow(scope, storage, layout)?),
                 None => None,
             };
-            let options = SdpaOptions {
-                attn_mask: mask.as_ref(),
-                is_causal: attention.is_causal,
-                causal_variant: attention.causal_variant,
-                window: attention.window,
-                scale: attention.scale,
-                enable_gqa: attention.enable_gqa,
-                ..Default::default()
-            };
+            let options = self.options(mask.as_ref());
             let (q, k, v) = (
                 borrow_cpu(scope, q, q_layout)?,
                 borrow_cpu(scope, k, k_layout)?,
@@ -176,6 +192,40 @@ impl CustomOp3 for SdpaOp<'_> {
             crate::sdpa(&q, &k, &v, &options).map(|out| out.output)
         });
         output(result.map_err(candle_core::Error::wrap)?)
+    }
+
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        q_layout: &Layout,
+        k: &candle_core::CudaStorage,
+        k_layout: &Layout,
+        v: &candle_core::CudaStorage,
+        v_layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let mask = self.0.attn_mask.as_ref().map(|m| m.storage_and_layout());
+        cuda::run(&q.device, |lender| {
+            let mask = match &mask {
+                Some((storage, layout)) => Some(match &**storage {
+                    candle_core::Storage::Cuda(storage) => lender.lend(storage, layout)?,
+                    _ => {
+                        return Err(Error::Unavailable {
+                            what: "a mask off q's device",
+                            why: "move attn_mask to q's CUDA device".into(),
+                        });
+                    }
+                }),
+                None => None,
+            };
+            let options = self.options(mask.as_ref());
+            let (q, k, v) = (
+                lender.lend(q, q_layout)?,
+                lender.lend(k, k_layout)?,
+                lender.lend(v, v_layout)?,
+            );
+            crate::sdpa(&q, &k, &v, &options).map(|out| out.output)
+        })
     }
 }
 
@@ -200,5 +250,18 @@ impl CustomOp2 for MatmulOp {
             )
         });
         output(result.map_err(candle_core::Error::wrap)?)
+    }
+
+    #[cfg(feature = "candle-cuda")]
+    fn cuda_fwd(
+        &self,
+        a: &candle_core::CudaStorage,
+        a_layout: &Layout,
+        b: &candle_core::CudaStorage,
+        b_layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        cuda::run(&a.device, |lender| {
+            crate::matmul(&lender.lend(a, a_layout)?, &lender.lend(b, b_layout)?)
+        })
     }
 }

@@ -1,7 +1,8 @@
 //! The `candle` feature (`cargo test --features candle --test candle`): an attention block of
 //! a candle model whose attention and output projection run through this library, checked
 //! against candle's own ops; inputs read in place, the `#[sdpa_kernel]` pin and the trace in
-//! force, and the conversions between the tensor types sharing memory.
+//! force, and the conversions between the tensor types sharing memory. With `candle-cuda`
+//! (which links CUDA: build it where a CUDA toolkit is), the block on candle's CUDA tensors.
 #![cfg(feature = "candle")]
 
 use candle_core::{D, DType, Device, Tensor};
@@ -92,6 +93,65 @@ fn an_attention_block_matches_candles_own_ops() {
     let projected = backends::candle::matmul(&merged, &wo.t().unwrap()).unwrap();
     let expected = merged.broadcast_matmul(&wo.t().unwrap()).unwrap();
     assert!(rel_err(&projected, &expected) < 1e-5);
+}
+
+/// With `candle-cuda`: q, k and v as strided views of one packed QKV tensor on candle's CUDA
+/// device, read there in place, and the output projection with a transposed weight, against
+/// candle's own ops on the host (candle's CUDA matmul would need cuBLAS besides).
+#[cfg(feature = "candle-cuda")]
+#[test]
+fn an_attention_block_runs_on_candles_cuda_tensors() {
+    let Ok(gpu) = Device::new_cuda(0) else {
+        eprintln!("skipped: candle finds no CUDA device");
+        return;
+    };
+    let (b, l, e, h) = (2, 37, 64, 4);
+    let (qkv, wo) = (randn(&[b, l, 3, h, e / h]), randn(&[e, e]));
+    // [B, L, 3, H, D] -> q, k, v as [B, H, L, D] views: strides only, on either device.
+    let split = |t: &Tensor, which: usize| {
+        t.narrow(2, which, 1)
+            .unwrap()
+            .squeeze(2)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+    };
+    let on_gpu = qkv.to_device(&gpu).unwrap();
+    for (dtype, bound) in [(DType::F32, 2e-5), (DType::BF16, 1e-2)] {
+        let packed = on_gpu.to_dtype(dtype).unwrap();
+        let (q, k, v) = (split(&packed, 0), split(&packed, 1), split(&packed, 2));
+        assert!(!q.is_contiguous());
+        let causal = backends::candle::Attention {
+            is_causal: true,
+            ..Default::default()
+        };
+        let ours = backends::candle::sdpa(&q, &k, &v, &causal).unwrap();
+        assert!(ours.device().is_cuda());
+        assert_eq!(ours.dtype(), dtype);
+        let theirs = candle_attention(&split(&qkv, 0), &split(&qkv, 1), &split(&qkv, 2));
+        let ours = ours.to_device(&Device::Cpu).unwrap();
+        assert!(
+            rel_err(&ours, &theirs) < bound,
+            "{dtype:?}: {}",
+            rel_err(&ours, &theirs)
+        );
+    }
+    let (q, k, v) = (split(&on_gpu, 0), split(&on_gpu, 1), split(&on_gpu, 2));
+    let out = backends::candle::sdpa(&q, &k, &v, &Default::default()).unwrap();
+    let merged = out.transpose(1, 2).unwrap().reshape((b, l, e)).unwrap();
+    let projected =
+        backends::candle::matmul(&merged, &wo.to_device(&gpu).unwrap().t().unwrap()).unwrap();
+    assert!(projected.device().is_cuda());
+    let merged = merged.to_device(&Device::Cpu).unwrap();
+    let expected = merged.broadcast_matmul(&wo.t().unwrap()).unwrap();
+    let projected = projected.to_device(&Device::Cpu).unwrap();
+    assert!(rel_err(&projected, &expected) < 2e-5);
+    // A mask on the host with q on the GPU is a candle error, not a panic.
+    let masked = backends::candle::Attention {
+        attn_mask: Some(randn(&[1, 1, l, l])),
+        ..Default::default()
+    };
+    assert!(backends::candle::sdpa(&q, &k, &v, &masked).is_err());
 }
 
 #[test]

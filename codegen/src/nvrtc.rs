@@ -39,11 +39,15 @@ pub fn hidden() -> bool {
 }
 
 /// Loads NVRTC once; `also_try` is one more file to try (e.g. the one found at build time).
-/// Returns where it was loaded from, or why it could not be.
+/// Returns where it was loaded from, or why it could not be. With `nvrtc-linked` it is
+/// part of the program already.
 pub fn load(also_try: Option<&str>) -> Result<&'static str, String> {
     static LOADED: OnceLock<Result<String, String>> = OnceLock::new();
     if hidden() {
         return Err("NVRTC is hidden by BACKENDS_NO_NVRTC".into());
+    }
+    if LINKED {
+        return Ok("linked into the program");
     }
     LOADED
         .get_or_init(|| {
@@ -52,8 +56,7 @@ pub fn load(also_try: Option<&str>) -> Result<&'static str, String> {
                 if let Ok(lib) = unsafe { libloading::Library::new(&path) } {
                     // Keep it loaded for the process: cudarc then finds it by its soname.
                     std::mem::forget(lib);
-                    // SAFETY: only tries to dlopen NVRTC by its standard names.
-                    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                    if cudarc_loads_it() {
                         return Ok(path.display().to_string());
                     }
                 }
@@ -65,6 +68,24 @@ pub fn load(also_try: Option<&str>) -> Result<&'static str, String> {
         })
         .as_deref()
         .map_err(|e| e.clone())
+}
+
+/// Whether NVRTC is linked into the program (`nvrtc-linked`, where candle's CUDA build
+/// has cudarc link it), except in the build script's copy of this crate (`build-script`),
+/// which is handed the library's features too but whose cudarc, built apart, loads NVRTC.
+const LINKED: bool = cfg!(all(feature = "nvrtc-linked", not(feature = "build-script")));
+
+/// Whether cudarc loads NVRTC by its standard names (those of the one loaded by path).
+#[cfg(not(all(feature = "nvrtc-linked", not(feature = "build-script"))))]
+fn cudarc_loads_it() -> bool {
+    // SAFETY: only tries to dlopen NVRTC by its standard names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Never asked: NVRTC is linked (cudarc has no loader then).
+#[cfg(all(feature = "nvrtc-linked", not(feature = "build-script")))]
+fn cudarc_loads_it() -> bool {
+    true
 }
 
 /// NVRTC's version `(major, minor)`; call after a successful [`load`].

@@ -153,7 +153,7 @@ fn row_major<T: Element>(op: &'static str, len: usize, shape: &[usize]) -> Resul
 }
 
 /// Checks that a view of `shape`, `strides` and `offset` reaches only elements `0..len`.
-fn check_layout(
+pub(crate) fn check_layout(
     op: &'static str,
     len: usize,
     shape: &[usize],

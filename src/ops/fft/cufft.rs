@@ -103,8 +103,7 @@ pub(super) fn transform(
 /// Checks that libcufft loads (probed once: cudarc panics on a missing library).
 fn library() -> Result<()> {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen libcufft by its standard names.
-    if *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() }) {
+    if *PRESENT.get_or_init(|| crate::runtime::cuda::library_present!(sys::is_culib_present)) {
         Ok(())
     } else {
         Err(Error::Unavailable {

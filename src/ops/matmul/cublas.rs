@@ -17,8 +17,8 @@ use crate::core::precision::matmul as flags;
 use crate::core::tensor::Tensor;
 use crate::core::trace::{self, Call};
 use crate::runtime::cuda::device::CudaDevice;
-use crate::runtime::cuda::int_arg;
 use crate::runtime::cuda::memory::CudaBuffer;
+use crate::runtime::cuda::{int_arg, library_present};
 use crate::{DType, Error, Fp32Precision, Result};
 
 /// Which vendor library serves a product.
@@ -44,10 +44,8 @@ impl Vendor {
         static CUBLAS: OnceLock<bool> = OnceLock::new();
         static CUBLASLT: OnceLock<bool> = OnceLock::new();
         match self {
-            // SAFETY: only tries to dlopen libcublas by its standard names.
-            Vendor::Cublas => *CUBLAS.get_or_init(|| unsafe { blas::is_culib_present() }),
-            // SAFETY: only tries to dlopen libcublasLt by its standard names.
-            Vendor::CublasLt => *CUBLASLT.get_or_init(|| unsafe { lt::is_culib_present() }),
+            Vendor::Cublas => *CUBLAS.get_or_init(|| library_present!(blas::is_culib_present)),
+            Vendor::CublasLt => *CUBLASLT.get_or_init(|| library_present!(lt::is_culib_present)),
         }
     }
 }

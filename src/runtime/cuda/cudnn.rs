@@ -30,8 +30,7 @@ pub(crate) use dnn::cudnnReduceTensorOp_t as Reduction;
 /// Whether cuDNN's shared library loads (probed once: cudarc panics on a missing one).
 pub(crate) fn present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen libcudnn by its standard names.
-    *PRESENT.get_or_init(|| unsafe { dnn::is_culib_present() })
+    *PRESENT.get_or_init(|| super::library_present!(dnn::is_culib_present))
 }
 
 /// cuDNN's message for the last failed call on this thread.

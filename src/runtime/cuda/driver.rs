@@ -36,8 +36,7 @@ pub(crate) fn probe() -> DriverState {
     if let Some(state) = interpreted() {
         return state;
     }
-    // SAFETY: only tries to dlopen the driver library by its standard names.
-    if !unsafe { sys::is_culib_present() } {
+    if !super::library_present!(sys::is_culib_present) {
         return DriverState {
             problem: Some(
                 "the CUDA driver library (libcuda) was not found: install the NVIDIA driver".into(),

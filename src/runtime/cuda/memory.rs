@@ -18,6 +18,10 @@ enum Memory {
     /// Driver memory. Never empty: a zero-byte tensor holds one byte, as the driver
     /// allocates no zero bytes.
     Driver(CudaSlice<u8>),
+    /// Driver memory another owner lends for the length of one op (candle's tensors):
+    /// read and written in place, never freed here.
+    #[cfg(feature = "candle-cuda")]
+    Lent(CudaSlice<u8>),
     /// The interpreter's global memory, at this address.
     Interpreted(u64),
 }
@@ -86,6 +90,36 @@ impl CudaBuffer {
         })
     }
 
+    /// The `len` bytes at `address` on device `ordinal`, lent by their owner (driver memory
+    /// of candle's tensors; an address of the interpreter's memory).
+    ///
+    /// # Safety
+    /// The bytes must stay allocated until the work queued on the buffer has run, and
+    /// nothing else may write them meanwhile.
+    #[cfg(any(test, feature = "candle-cuda"))]
+    pub(crate) unsafe fn lent(ordinal: usize, address: u64, len: usize) -> Result<CudaBuffer> {
+        let device = CudaDevice::get(ordinal)?;
+        let memory = match device.interpreter() {
+            Some(_) => Memory::Interpreted(address),
+            // SAFETY: the caller keeps the bytes allocated while the buffer is used; the
+            // slice is leaked, never freed, when the buffer drops.
+            #[cfg(feature = "candle-cuda")]
+            None => Memory::Lent(unsafe { device.stream()?.upgrade_device_ptr(address, len) }),
+            #[cfg(not(feature = "candle-cuda"))]
+            None => {
+                return Err(Error::Unavailable {
+                    what: "lent driver memory",
+                    why: "only candle's CUDA tensors lend it (the `candle-cuda` feature)".into(),
+                });
+            }
+        };
+        Ok(CudaBuffer {
+            ordinal,
+            memory,
+            len,
+        })
+    }
+
     /// `len` zero bytes on device `ordinal`.
     pub(crate) fn zeroed(ordinal: usize, len: usize) -> Result<CudaBuffer> {
         let device = CudaDevice::get(ordinal)?;
@@ -138,8 +172,9 @@ impl CudaBuffer {
                 .download(*address, self.len)
                 .expect("a live buffer's bytes")
                 .to_vec()),
-            (Memory::Driver(bytes), None) => {
-                let mut out = device.stream()?.clone_dtoh(bytes).map_err(driver_error(
+            (_, None) => {
+                let bytes = self.driver_view(0)?;
+                let mut out = device.stream()?.clone_dtoh(&bytes).map_err(driver_error(
                     "cuMemcpyDtoH",
                     self.ordinal,
                     self.len,
@@ -161,6 +196,8 @@ impl CudaBuffer {
         let offset = offset.min(self.len);
         match &self.memory {
             Memory::Driver(bytes) => View::Driver(bytes.slice(offset..)),
+            #[cfg(feature = "candle-cuda")]
+            Memory::Lent(bytes) => View::Driver(bytes.slice(offset..)),
             Memory::Interpreted(address) => View::Interpreted(address + offset as u64),
         }
     }
@@ -170,6 +207,8 @@ impl CudaBuffer {
     pub(crate) fn driver_view(&self, offset: usize) -> Result<CudaView<'_, u8>> {
         match &self.memory {
             Memory::Driver(bytes) => Ok(bytes.slice(offset.min(self.len)..)),
+            #[cfg(feature = "candle-cuda")]
+            Memory::Lent(bytes) => Ok(bytes.slice(offset.min(self.len)..)),
             Memory::Interpreted(_) => Err(Error::Unavailable {
                 what: "driver memory",
                 why: format!(
@@ -177,6 +216,55 @@ impl CudaBuffer {
                     self.ordinal
                 ),
             }),
+        }
+    }
+}
+
+/// A CUDA tensor of `dtype` over the `elements` elements at `address` on device `ordinal`,
+/// lent by their owner (as [`CudaBuffer::lent`]), seen with `shape`, `strides` and `offset`
+/// (in elements), which must reach only those elements.
+///
+/// # Safety
+/// As for [`CudaBuffer::lent`]: the elements stay allocated, and written by nothing else,
+/// until the work queued on the tensor and its views has run.
+#[cfg(any(test, feature = "candle-cuda"))]
+pub(crate) unsafe fn lent_tensor(
+    ordinal: usize,
+    dtype: crate::DType,
+    (address, elements): (u64, usize),
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+) -> Result<crate::Tensor> {
+    use crate::core::tensor::{Storage, Tensor};
+    crate::core::borrow::check_layout(
+        "lent device memory",
+        elements,
+        shape,
+        strides,
+        offset,
+        dtype,
+    )?;
+    // SAFETY: as the caller promises.
+    let buffer = unsafe { CudaBuffer::lent(ordinal, address, elements * dtype.size())? };
+    let storage = Storage::Device(Box::new(buffer));
+    Ok(
+        Tensor::from_storage(storage, dtype, Device::Cuda(ordinal), &[]).with_layout(
+            shape.to_vec(),
+            strides.to_vec(),
+            offset,
+        ),
+    )
+}
+
+/// Lent memory goes back to its owner untouched: its slice is leaked, not freed.
+#[cfg(feature = "candle-cuda")]
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if matches!(self.memory, Memory::Lent(_))
+            && let Memory::Lent(bytes) = std::mem::replace(&mut self.memory, Memory::Interpreted(0))
+        {
+            bytes.leak();
         }
     }
 }
@@ -194,6 +282,102 @@ impl crate::core::tensor::DeviceMemory for CudaBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Attention of `[L, D]` rows in float64: softmax(q kᵀ / √D) v.
+    fn attention(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let scale = 1.0 / (q[0].len() as f64).sqrt();
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        q.iter()
+            .map(|qi| {
+                let scores: Vec<f64> = k.iter().map(|kj| dot(qi, kj) * scale).collect();
+                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                (0..v[0].len())
+                    .map(|c| weights.iter().zip(v).map(|(w, vj)| w * vj[c]).sum::<f64>() / total)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Device memory lent as tensors (the way candle's CUDA tensors come in) is read in
+    /// place through their layouts: q, k and v as strided views of one packed `[L, 3, H, D]`
+    /// buffer, on the PTX interpreter (in a child process where `cuda:0` is the interpreter).
+    #[test]
+    fn lent_memory_is_read_in_place_through_its_layout() {
+        let name = "runtime::cuda::memory::tests::lent_memory_is_read_in_place_through_its_layout";
+        if !super::super::in_interpreter_child(name) {
+            return;
+        }
+        if crate::kernels::cuda_code() == crate::kernels::CudaCode::None {
+            eprintln!("skipped: no CUDA kernels in this build");
+            return;
+        }
+        let (l, h, d) = (7, 2, 16);
+        let mut state = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        let packed: Vec<f32> = (0..l * 3 * h * d)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let owner = CudaBuffer::upload(0, bytemuck::cast_slice(&packed)).unwrap();
+        let View::Interpreted(address) = owner.view(0) else {
+            panic!("cuda:0 is the interpreter here")
+        };
+        let lent = (address, packed.len());
+        let (shape, strides) = ([1, h, l, d], [l * 3 * h * d, d, 3 * h * d, 1]);
+        // SAFETY: `owner` holds the bytes for the whole test and nothing writes them.
+        let view = |which: usize| unsafe {
+            lent_tensor(0, crate::DType::F32, lent, &shape, &strides, which * h * d).unwrap()
+        };
+        let (q, k, v) = (view(0), view(1), view(2));
+        let out = crate::sdpa(&q, &k, &v, &crate::SdpaOptions::default())
+            .unwrap()
+            .output;
+        assert_eq!(out.device(), Device::Cuda(0));
+        let out = out.to_vec::<f32>().unwrap();
+        let rows = |which: usize, head: usize| -> Vec<Vec<f64>> {
+            (0..l)
+                .map(|t| {
+                    let at = t * 3 * h * d + which * h * d + head * d;
+                    packed[at..at + d].iter().map(|&x| f64::from(x)).collect()
+                })
+                .collect()
+        };
+        let (mut err, mut norm) = (0.0, 0.0);
+        for head in 0..h {
+            let want = attention(&rows(0, head), &rows(1, head), &rows(2, head));
+            for (t, row) in want.iter().enumerate() {
+                for (c, &w) in row.iter().enumerate() {
+                    let got = f64::from(out[(head * l + t) * d + c]);
+                    err += (got - w) * (got - w);
+                    norm += w * w;
+                }
+            }
+        }
+        assert!(
+            (err / norm).sqrt() < 1e-5,
+            "relative error {}",
+            (err / norm).sqrt()
+        );
+        // A layout reaching past the lent elements is a typed error.
+        // SAFETY: as above; the call fails before anything reads the memory.
+        let past = unsafe { lent_tensor(0, crate::DType::F32, lent, &shape, &strides, 3 * h * d) };
+        assert!(matches!(past, Err(Error::ShapeMismatch { .. })), "{past:?}");
+        // The lent tensors are gone; the owner's bytes are as they were.
+        drop((q, k, v));
+        assert_eq!(
+            owner.download().unwrap(),
+            bytemuck::cast_slice::<f32, u8>(&packed)
+        );
+    }
 
     #[test]
     fn an_impossible_allocation_is_a_typed_error() {

@@ -3,7 +3,8 @@
 //! loaded modules and per-device library state (`device.rs`), the choice of module image
 //! (`loader.rs`), memory (`memory.rs`), kernel launches (`launch.rs`) and cuDNN's backend
 //! graph API with its per-device plans (`cudnn.rs`). Nothing links
-//! against CUDA: without a driver the queries answer 0 / `None`.
+//! against CUDA (except with `candle-cuda`, where candle links the driver and libraries):
+//! without a driver the queries answer 0 / `None`.
 //!
 //! Builds without the `cuda` feature compile `stub.rs` in place of the device, driver,
 //! memory and launch files: the same API over types that have no values, whose one way in
@@ -27,6 +28,23 @@ mod stub;
 pub(crate) use stub::{device, driver, launch, memory};
 
 use std::sync::OnceLock;
+
+/// Whether a CUDA library of cudarc's is there, given its `is_culib_present` probe: probed
+/// by loading it (cudarc panics on a missing one), or there since the program started where
+/// candle links the libraries into it (`candle-cuda`; the probe does not exist then).
+#[cfg(feature = "cuda")]
+macro_rules! library_present {
+    ($probe:path) => {{
+        #[cfg(not(feature = "candle-cuda"))]
+        // SAFETY: the probe only tries to dlopen the library by its standard names.
+        let present = unsafe { $probe() };
+        #[cfg(feature = "candle-cuda")]
+        let present = true;
+        present
+    }};
+}
+#[cfg(feature = "cuda")]
+pub(crate) use library_present;
 
 use crate::runtime::dylib::{self, Loaded};
 use crate::{Error, Result};

@@ -42,8 +42,7 @@ use crate::{Device, Error, Result};
 /// Whether cuSOLVER's shared library loads (probed once: cudarc panics on a missing one).
 fn present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen libcusolver by its standard names.
-    *PRESENT.get_or_init(|| unsafe { sol::is_culib_present() })
+    *PRESENT.get_or_init(|| crate::runtime::cuda::library_present!(sol::is_culib_present))
 }
 
 fn check(status: sol::cusolverStatus_t, call: &'static str) -> Result<()> {
