@@ -19,6 +19,12 @@ fn main() {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
+    // With candle-cuda, cudarc links the CUDA libraries (candle's choice) but names no cuFFT
+    // among them (cudarc 0.19); the FFT's CUDA path calls it.
+    if std::env::var_os("CARGO_FEATURE_CANDLE_CUDA").is_some() {
+        println!("cargo:rustc-link-lib=dylib=cufft");
+    }
+
     // scripts/setup.sh installs NVRTC from PyPI into .cuda/ of the checkout.
     let local = manifest
         .join(".cuda/nvidia/cuda_nvrtc/lib")

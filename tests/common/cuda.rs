@@ -91,8 +91,12 @@ pub fn attention_error(
     (rel_err(&got, &want), out.backend)
 }
 
-/// Whether cuDNN can serve here, after printing why not.
+/// Whether cuDNN can serve on cuda:0, after printing why not.
 pub fn cudnn_loadable() -> bool {
+    if cuda::get_device_name(0).is_some_and(|n| n.starts_with("PTX interpreter")) {
+        eprintln!("skipped: cuDNN runs on a GPU of the driver, not on the PTX interpreter");
+        return false;
+    }
     let loadable = backends::cudnn::version().is_some_and(|v| v >= 90000);
     if !loadable {
         eprintln!("skipped: cuDNN 9 is not loadable (put libcudnn.so.9 on LD_LIBRARY_PATH)");
