@@ -11,7 +11,8 @@
 #       add ".device/vendor.tar.gz" only where the device machine has cargo; together they
 #       pass the call's 64 MiB limit when the binaries travel uncompressed)
 #       builds offline from the vendored crates when cargo is there (else uses .device/bin),
-#       runs the CUDA tests (every generated module loads and exposes its kernels on the
+#       runs the CUDA tests (the candle-cuda test from its prebuilt binary: candle's CUDA
+#       tensors through our attention and matmul; every generated module loads and exposes its kernels on the
 #       GPU; PTX assembled for the GPU's arch; device memory, GEMM under each precision flag,
 #       split-K, cuBLAS, attention and cuDNN convolution against float64), the `backends` report and
 #       self-checks, then
@@ -50,9 +51,46 @@ for line in sys.stdin:
             and "test" in m["target"]["kind"]:
         print(m["target"]["name"], m["executable"])' \
     | while read -r name exe; do cp "$exe" "$dev/bin/test-$name"; done
+  candle_test || echo "prepare: no candle-cuda test binary (see above)"
   strip "$dev/bin/"* 2>/dev/null || true
   xz -T0 -f "$dev/bin/"*
   du -sh "$dev"/* && du -sh "$dev"
+}
+
+# The candle-cuda test binary (tests/candle.rs, candle's CUDA tensors through our ops) into
+# .device/bin/test-candle. Its program links CUDA (candle's choice): here against a stand-in
+# libcuda (every driver call answers "no device"), PyTorch's CUDA 13 libraries in .venv
+# (scripts/compare.sh makes it) and cuRAND from PyPI; there against the driver and the
+# image's own copies. candle's kernels need nvcc (scripts/nvcc.sh).
+candle_test() {
+  local site link="$dev/link" file plain
+  site=$(ls -d "$root"/.venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1)
+  [ -n "$site" ] || { echo "prepare: no .venv with PyTorch (run scripts/compare.sh once)"; return 1; }
+  rm -rf "$link" && mkdir -p "$link/lib64/stubs"
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$link/curand" \
+    nvidia-curand==10.4.5.25 || return 1
+  for file in "$site"/*/lib/lib*.so.* "$link"/curand/nvidia/*/lib/lib*.so.*; do
+    plain="${file##*/}"; plain="${plain%%.so.*}.so"
+    [ -e "$link/lib64/$plain" ] || ln -s "$file" "$link/lib64/$plain"
+  done
+  cargo metadata -q --format-version 1 | python3 -c '
+import json, re, sys, os
+cudarc = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc")
+source = open(os.path.join(os.path.dirname(cudarc["manifest_path"]), "src/driver/sys/mod.rs")).read()
+for name in sorted(set(re.findall(r"\bfn (cu[A-Za-z0-9_]+)\(", source))):
+    print(f"int {name}(void) {{ return 100; /* CUDA_ERROR_NO_DEVICE */ }}")' > "$link/stub.c"
+  gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/lib64/stubs/libcuda.so" "$link/stub.c" \
+    || return 1
+  local exe
+  exe=$(eval "$(scripts/nvcc.sh)" && CUDA_HOME="$link" cargo test -q --release \
+    --features candle-cuda --test candle --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "candle":
+        print(m["executable"])')
+  [ -n "$exe" ] || { echo "prepare: the candle-cuda test did not build"; return 1; }
+  cp "$exe" "$dev/bin/test-candle"
 }
 
 run() {
@@ -129,6 +167,14 @@ PY
     for test_cuda in "$bin/test-cuda" "$bin/test-cuda_libraries"; do
       if [ -x "$test_cuda" ]; then "$test_cuda" --nocapture; else echo "no $test_cuda: run prepare"; fi
     done
+  fi
+  echo "== candle's CUDA tensors through our ops (tests/candle.rs, built with candle-cuda)"
+  if [ -f "$dev/bin/test-candle.xz" ]; then
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$dev/bin/test-candle.xz" /tmp/test-candle && chmod +x /tmp/test-candle
+    /tmp/test-candle --nocapture || echo "test-candle exited with $?"
+  else
+    echo "no .device/bin/test-candle.xz: run prepare where .venv holds PyTorch"
   fi
   echo "== backends (report and self-checks)"
   [ -x "$backends_bin" ] && "$backends_bin" || echo "backends exited with $?"

@@ -274,3 +274,105 @@ pub(super) fn note(backend: SdpBackend, dtype: DType) -> String {
         _ => "f32 SIMT, online softmax".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::runtime::cuda::memory::{CudaBuffer, View, lent_tensor};
+    use crate::{DType, Device, Error, SdpaOptions};
+
+    /// Attention of `[L, D]` rows in float64: softmax(q kᵀ / √D) v.
+    fn attention(q: &[Vec<f64>], k: &[Vec<f64>], v: &[Vec<f64>]) -> Vec<Vec<f64>> {
+        let scale = 1.0 / (q[0].len() as f64).sqrt();
+        let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+        q.iter()
+            .map(|qi| {
+                let scores: Vec<f64> = k.iter().map(|kj| dot(qi, kj) * scale).collect();
+                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                (0..v[0].len())
+                    .map(|c| weights.iter().zip(v).map(|(w, vj)| w * vj[c]).sum::<f64>() / total)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Device memory lent as tensors (the way candle's CUDA tensors come in) is read in
+    /// place through their layouts: q, k and v as strided views of one packed `[L, 3, H, D]`
+    /// buffer, on the PTX interpreter (in a child process where `cuda:0` is the interpreter).
+    #[test]
+    fn lent_memory_is_read_in_place_through_its_layout() {
+        let name = "ops::sdpa::cuda::tests::lent_memory_is_read_in_place_through_its_layout";
+        if !crate::runtime::cuda::in_interpreter_child(name) {
+            return;
+        }
+        if crate::kernels::cuda_code() == crate::kernels::CudaCode::None {
+            eprintln!("skipped: no CUDA kernels in this build");
+            return;
+        }
+        let (l, h, d) = (7, 2, 16);
+        let mut state = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1;
+        let packed: Vec<f32> = (0..l * 3 * h * d)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
+        let owner = CudaBuffer::upload(0, bytemuck::cast_slice(&packed)).unwrap();
+        let View::Interpreted(address) = owner.view(0) else {
+            panic!("cuda:0 is the interpreter here")
+        };
+        let lent = (address, packed.len());
+        let (shape, strides) = ([1, h, l, d], [l * 3 * h * d, d, 3 * h * d, 1]);
+        // SAFETY: `owner` holds the bytes for the whole test and nothing writes them.
+        let view = |which: usize| unsafe {
+            lent_tensor(0, DType::F32, lent, &shape, &strides, which * h * d).unwrap()
+        };
+        let (q, k, v) = (view(0), view(1), view(2));
+        let out = crate::sdpa(&q, &k, &v, &SdpaOptions::default())
+            .unwrap()
+            .output;
+        assert_eq!(out.device(), Device::Cuda(0));
+        let out = out.to_vec::<f32>().unwrap();
+        let rows = |which: usize, head: usize| -> Vec<Vec<f64>> {
+            (0..l)
+                .map(|t| {
+                    let at = t * 3 * h * d + which * h * d + head * d;
+                    packed[at..at + d].iter().map(|&x| f64::from(x)).collect()
+                })
+                .collect()
+        };
+        let (mut err, mut norm) = (0.0, 0.0);
+        for head in 0..h {
+            let want = attention(&rows(0, head), &rows(1, head), &rows(2, head));
+            for (t, row) in want.iter().enumerate() {
+                for (c, &w) in row.iter().enumerate() {
+                    let got = f64::from(out[(head * l + t) * d + c]);
+                    err += (got - w) * (got - w);
+                    norm += w * w;
+                }
+            }
+        }
+        assert!(
+            (err / norm).sqrt() < 1e-5,
+            "relative error {}",
+            (err / norm).sqrt()
+        );
+        // A layout reaching past the lent elements is a typed error.
+        // SAFETY: as above; the call fails before anything reads the memory.
+        let past = unsafe { lent_tensor(0, DType::F32, lent, &shape, &strides, 3 * h * d) };
+        assert!(matches!(past, Err(Error::ShapeMismatch { .. })), "{past:?}");
+        // The lent tensors are gone; the owner's bytes are as they were.
+        drop((q, k, v));
+        assert_eq!(
+            owner.download().unwrap(),
+            bytemuck::cast_slice::<f32, u8>(&packed)
+        );
+    }
+}
