@@ -275,7 +275,7 @@ pub(super) fn note(backend: SdpBackend, dtype: DType) -> String {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use crate::runtime::cuda::memory::{CudaBuffer, View, lent_tensor};
     use crate::{DType, Device, Error, SdpaOptions};
