@@ -207,15 +207,7 @@ impl CustomOp3 for SdpaOp<'_> {
         let mask = self.0.attn_mask.as_ref().map(|m| m.storage_and_layout());
         cuda::run(&q.device, |lender| {
             let mask = match &mask {
-                Some((storage, layout)) => Some(match &**storage {
-                    candle_core::Storage::Cuda(storage) => lender.lend(storage, layout)?,
-                    _ => {
-                        return Err(Error::Unavailable {
-                            what: "a mask off q's device",
-                            why: "move attn_mask to q's CUDA device".into(),
-                        });
-                    }
-                }),
+                Some((storage, layout)) => Some(lender.lend_any(storage, layout)?),
                 None => None,
             };
             let options = self.options(mask.as_ref());

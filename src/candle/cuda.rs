@@ -26,6 +26,14 @@ pub(super) struct Lender {
 impl Lender {
     /// A tensor of this library over `storage` seen through `layout`, read in place.
     pub(super) fn lend(&self, storage: &CudaStorage, layout: &Layout) -> crate::Result<Tensor> {
+        let ordinal = ordinal(&storage.device);
+        if ordinal != self.ordinal {
+            return Err(Error::DeviceMismatch {
+                op: "candle",
+                a: crate::Device::Cuda(self.ordinal),
+                b: crate::Device::Cuda(ordinal),
+            });
+        }
         let (address, elements, dtype) = match &storage.slice {
             CudaStorageSlice::F32(s) => (self.address(s), s.len(), DType::F32),
             CudaStorageSlice::F64(s) => (self.address(s), s.len(), DType::F64),
@@ -56,6 +64,24 @@ impl Lender {
         }
     }
 
+    /// As [`Lender::lend`], for a tensor that may sit off the device (an attention mask,
+    /// which candle does not check against the op's device): there it is an error.
+    pub(super) fn lend_any(
+        &self,
+        storage: &candle_core::Storage,
+        layout: &Layout,
+    ) -> crate::Result<Tensor> {
+        match storage {
+            candle_core::Storage::Cuda(storage) => self.lend(storage, layout),
+            // CPU storage (candle's Metal storage is not built with these features).
+            _ => Err(Error::DeviceMismatch {
+                op: "candle",
+                a: crate::Device::Cuda(self.ordinal),
+                b: crate::Device::Cpu,
+            }),
+        }
+    }
+
     /// The device address of `slice`, read on this library's stream.
     fn address<T>(&self, slice: &CudaSlice<T>) -> u64 {
         // The guard records the read on the slice's event (where candle tracks events);
@@ -65,6 +91,11 @@ impl Lender {
     }
 }
 
+/// The ordinal of candle's device.
+fn ordinal(device: &CudaDevice) -> usize {
+    device.cuda_stream().context().ordinal()
+}
+
 /// Runs `body` on candle's device `device` with a [`Lender`] of candle's storages, and
 /// hands its result (a CUDA tensor of this library) to candle as new storage.
 pub(super) fn run(
@@ -72,7 +103,7 @@ pub(super) fn run(
     body: impl FnOnce(&Lender) -> crate::Result<Tensor>,
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     let theirs = device.cuda_stream();
-    let ordinal = theirs.context().ordinal();
+    let ordinal = ordinal(device);
     let wrap = |e: Error| candle_core::Error::wrap(e);
     let wait = |result: Result<(), DriverError>| {
         result.map_err(|e| {
