@@ -57,22 +57,32 @@ for line in sys.stdin:
   du -sh "$dev"/* && du -sh "$dev"
 }
 
+# Links each versioned library among the files given after `dest` (`libcublas.so.13`) into
+# `dest` by its plain name (`libcublas.so`), the first of a name winning: linkers and
+# cudarc's loader look for the plain names.
+plain_names() {
+  local dest="$1" file plain
+  shift
+  for file in "$@"; do
+    [ -e "$file" ] || continue
+    plain="${file##*/}"; plain="${plain%%.so.*}.so"
+    [ -e "$dest/$plain" ] || ln -s "$file" "$dest/$plain"
+  done
+}
+
 # The candle-cuda test binary (tests/candle.rs, candle's CUDA tensors through our ops) into
 # .device/bin/test-candle. Its program links CUDA (candle's choice): here against a stand-in
 # libcuda (every driver call answers "no device"), PyTorch's CUDA 13 libraries in .venv
 # (scripts/compare.sh makes it) and cuRAND from PyPI; there against the driver and the
 # image's own copies. candle's kernels need nvcc (scripts/nvcc.sh).
 candle_test() {
-  local site link="$dev/link" file plain
+  local site link="$dev/link"
   site=$(ls -d "$root"/.venv/lib/python3*/site-packages/nvidia 2>/dev/null | head -1)
   [ -n "$site" ] || { echo "prepare: no .venv with PyTorch (run scripts/compare.sh once)"; return 1; }
   rm -rf "$link" && mkdir -p "$link/lib64/stubs"
   python3 -m pip install -q --disable-pip-version-check --no-deps --target "$link/curand" \
     nvidia-curand==10.4.5.25 || return 1
-  for file in "$site"/*/lib/lib*.so.* "$link"/curand/nvidia/*/lib/lib*.so.*; do
-    plain="${file##*/}"; plain="${plain%%.so.*}.so"
-    [ -e "$link/lib64/$plain" ] || ln -s "$file" "$link/lib64/$plain"
-  done
+  plain_names "$link/lib64" "$site"/*/lib/lib*.so.* "$link"/curand/nvidia/*/lib/lib*.so.*
   cargo metadata -q --format-version 1 | python3 -c '
 import json, re, sys, os
 cudarc = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc")
@@ -124,13 +134,9 @@ PY
   # wheels ship `libcublas.so.13` alone: give each versioned library its plain name too.
   local shim=/tmp/backends-libs
   rm -rf "$shim" && mkdir -p "$shim"
-  local dir file plain
+  local dir
   for dir in ${libs//:/ }; do
-    for file in "$dir"/lib*.so.*; do
-      [ -e "$file" ] || continue
-      plain="${file##*/}"; plain="${plain%%.so.*}.so"
-      [ -e "$dir/$plain" ] || [ -e "$shim/$plain" ] || ln -s "$file" "$shim/$plain"
-    done
+    plain_names "$shim" "$dir"/lib*.so.*
   done
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$shim"
   echo "plain names for: $(ls "$shim" | tr '\n' ' ')"
