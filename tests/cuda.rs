@@ -1,4 +1,5 @@
-//! On a machine with an NVIDIA GPU, or else on the PTX interpreter standing in for one:
+//! On a machine with an NVIDIA GPU, or else on the PTX interpreter standing in for one
+//! (as a device of this library, and behind the driver API as a `libcuda.so`):
 //! every generated CUDA module loads for device 0 (embedded PTX or NVRTC at run time) and
 //! exposes each variant's entry point; tensors round-trip through device memory; the
 //! generated kernels of `matmul` (under each precision flag, split-K), flash /
@@ -509,6 +510,21 @@ fn without_a_gpu_the_cuda_tests_run_on_the_interpreted_device() {
     // rerun) and the older-GPU one, whose own children run at the older levels.
     assert!(
         passed >= 16 && skipped <= 1,
+        "{passed} passed, {skipped} skipped"
+    );
+}
+
+/// Without a GPU, every test of this file runs again through the CUDA driver API, as on a
+/// GPU (cudarc's contexts, streams, events, copies, module loads and launches), with a
+/// `libcuda.so` whose device is the PTX interpreter (`backends-ptx-driver`, as `sm_100`).
+#[test]
+fn without_a_gpu_the_cuda_tests_run_through_the_driver_api() {
+    let Some((passed, skipped)) = common::cuda::rerun_through_the_driver_api() else {
+        return;
+    };
+    // As on the interpreted device; the older-GPU test skips (the device is sm_100).
+    assert!(
+        passed >= 17 && skipped <= 1,
         "{passed} passed, {skipped} skipped"
     );
 }

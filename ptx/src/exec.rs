@@ -103,6 +103,29 @@ impl Memory {
         Some(&self.allocations[buffer].1[offset..offset + len])
     }
 
+    /// Overwrites the `bytes.len()` bytes at `address`; false (nothing written) unless
+    /// they lie in one allocation.
+    pub fn write(&mut self, address: u64, bytes: &[u8]) -> bool {
+        let Some((buffer, offset)) = self.locate(address, bytes.len()) else {
+            return false;
+        };
+        self.allocations[buffer].1[offset..offset + bytes.len()].copy_from_slice(bytes);
+        true
+    }
+
+    /// Frees the allocation that starts at `address`; false where none does.
+    pub fn free(&mut self, address: u64) -> bool {
+        let Some(i) = self
+            .allocations
+            .iter()
+            .position(|(base, _)| *base == address)
+        else {
+            return false;
+        };
+        self.allocations.remove(i);
+        true
+    }
+
     fn locate(&self, address: u64, len: usize) -> Option<(usize, usize)> {
         self.allocations
             .iter()

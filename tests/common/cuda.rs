@@ -109,6 +109,60 @@ pub fn cudnn_loadable() -> bool {
 /// process), asserts that it passed and returns its counts of passed tests and `skipped:`
 /// lines. `None` where there is a GPU (the tests ran on it) or no CUDA kernels in the build.
 pub fn rerun_on_the_interpreter() -> Option<(usize, usize)> {
+    rerun_without_a_gpu("on the interpreter", &[("BACKENDS_CUDA_INTERPRET", "1")])
+}
+
+/// Without a GPU: runs this test binary again through the CUDA driver API, as on a GPU
+/// (cudarc's calls, streams, events, copies, module loads and launches), with
+/// `backends-ptx-driver` as the driver library: a `libcuda.so` whose device is the PTX
+/// interpreter. As [`rerun_on_the_interpreter`] otherwise; also `None` where that library
+/// is not built (`cargo test --workspace` builds it).
+pub fn rerun_through_the_driver_api() -> Option<(usize, usize)> {
+    if cuda::device_count() > 0 {
+        return None;
+    }
+    if !cfg!(target_os = "linux") {
+        eprintln!("skipped: the interpreter's driver library is built for Linux only");
+        return None;
+    }
+    // The test binary is target/<profile>/deps/<name>; the library is built beside it.
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap();
+    let Some(library) = [deps, deps.parent().unwrap()]
+        .into_iter()
+        .map(|dir| dir.join("libbackends_ptx_driver.so"))
+        .find(|path| path.exists())
+    else {
+        eprintln!(
+            "skipped: libbackends_ptx_driver.so is not built (`cargo build -p \
+             backends-ptx-driver`, or run `cargo test --workspace`)"
+        );
+        return None;
+    };
+    // A folder where the library is libcuda, first on the library path of the child.
+    let folder = deps.join(format!("ptx-driver-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        let link = folder.join(name);
+        let _ = std::fs::remove_file(&link);
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&library, &link).unwrap();
+    }
+    let path = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(rest) if !rest.is_empty() => format!("{}:{rest}", folder.display()),
+        _ => folder.display().to_string(),
+    };
+    let counts = rerun_without_a_gpu(
+        "through the driver API",
+        &[("LD_LIBRARY_PATH", &path), ("BACKENDS_CUDA_INTERPRET", "0")],
+    );
+    let _ = std::fs::remove_dir_all(&folder);
+    counts
+}
+
+/// Runs this test binary again with `vars`, where they give it a device, and returns the
+/// child's counts of passed tests and `skipped:` lines after asserting that it passed.
+fn rerun_without_a_gpu(how: &str, vars: &[(&str, &str)]) -> Option<(usize, usize)> {
     if cuda::device_count() > 0 {
         return None;
     }
@@ -116,17 +170,14 @@ pub fn rerun_on_the_interpreter() -> Option<(usize, usize)> {
         eprintln!("skipped: no CUDA kernels in this build (no PTX, no NVRTC)");
         return None;
     }
-    let (passed, log) = super::rerun(
-        &["--test-threads=2", "--nocapture"],
-        &[("BACKENDS_CUDA_INTERPRET", "1")],
-    );
-    assert!(passed, "on the interpreter:\n{log}");
+    let (passed, log) = super::rerun(&["--test-threads=2", "--nocapture"], vars);
+    assert!(passed, "{how}:\n{log}");
     let skipped = log.lines().filter(|l| l.starts_with("skipped:")).count();
     let passed = log
         .lines()
         .filter_map(|l| l.strip_prefix("test result: ok. "))
         .filter_map(|l| l.split(' ').next()?.parse::<usize>().ok())
         .sum();
-    eprintln!("on the interpreter: {passed} passed, {skipped} skipped");
+    eprintln!("{how}: {passed} passed, {skipped} skipped");
     Some((passed, skipped))
 }
