@@ -161,6 +161,13 @@ fn flash_attention_matches_the_reference() {
             [1, 2, 2, 64, 64, 32],
             [1, 2, 2, 33, 33, 96],
             [1, 1, 1, 33, 33, 256],
+            // Head dims between the built ones: the next larger kernel, its columns past
+            // the call's zero (16-byte tiles where the head dim is a multiple of 8, else
+            // element by element).
+            [1, 2, 2, 37, 37, 16],
+            [1, 2, 1, 45, 45, 40],
+            [2, 2, 2, 19, 19, 20],
+            [1, 2, 2, 50, 50, 72],
         ] {
             for causal in [None, Some(CausalVariant::UpperLeft)] {
                 let (err, backend) =

@@ -10,8 +10,9 @@
 //   key j is visible to query i only when i + diag + lo <= j <= i + diag + hi, diag 0
 //   top-left aligned (`lower_right` 0) or Lk - Lq bottom-right)
 // Launch: grid (ceil(Lq / (16 * WARPS)), B * H, S), block 32 * WARPS.
-// Layout: q, k, v, o are [B, H(k), L, HEAD_DIM] with the last dimension contiguous and the
-// other strides given; key/value head = h / (H / Hk) (grouped-query attention).
+// Layout: q, k, v, o are [B, H(k), L, D] with the last dimension contiguous and the
+// other strides given; key/value head = h / (H / Hk) (grouped-query attention). D <= HEAD_DIM:
+// the tiles' columns from D on are zeros (they add nothing to Q K^T), and o's are not written.
 // Split-KV (decoding): block z of the S along the grid's z axis reads keys
 // [z * split_len, (z + 1) * split_len) only and writes its partial output at o + z * o_z and
 // its log-sum-exp at lse + z * lse_z, for the combine kernel (S = 1: split_len >= Lk).
@@ -36,11 +37,11 @@ __device__ __forceinline__ void q_fragment(unsigned a[4], const unsigned short (
     a[3] = pair(Qs, qr + 8, d + 2 * t + 8);
 }
 
-// Copies rows [r0, r0 + ROWS) of a row-major slab (row stride ld) into dst, zeros from
-// row `rows` on.
+// Copies rows [r0, r0 + ROWS), columns [0, D) of a row-major slab (row stride ld) into dst,
+// zeros from row `rows` and column D on (vec: D is a multiple of 8).
 template <int ROWS, class T>
 __device__ __forceinline__ void load_tile(unsigned short (*dst)[HEAD_DIM], const T* src, long long ld,
-                                          int r0, int rows, bool vec, int tid) {
+                                          int r0, int rows, int D, bool vec, int tid) {
     if (vec) {
         constexpr int PER_ROW = HEAD_DIM / 8, COUNT = ROWS * PER_ROW;
         // Four 16-byte loads in flight per thread: more would take the accumulators'
@@ -50,7 +51,7 @@ __device__ __forceinline__ void load_tile(unsigned short (*dst)[HEAD_DIM], const
             const int e = i * THREADS + tid;
             if (COUNT % THREADS != 0 && e >= COUNT) break;
             const int r = e / PER_ROW, c = e % PER_ROW * 8;
-            if (r0 + r < rows) {
+            if (r0 + r < rows && c < D) {
                 copy16(&dst[r][c], src + (r0 + r) * ld + c);
             } else {
                 *reinterpret_cast<bytes16*>(&dst[r][c]) = bytes16{0, 0, 0, 0};
@@ -59,7 +60,7 @@ __device__ __forceinline__ void load_tile(unsigned short (*dst)[HEAD_DIM], const
     } else {
         for (int e = tid; e < ROWS * HEAD_DIM; e += THREADS) {
             const int r = e / HEAD_DIM, c = e % HEAD_DIM;
-            dst[r][c] = r0 + r < rows ? src[(r0 + r) * ld + c].bits : 0;
+            dst[r][c] = r0 + r < rows && c < D ? src[(r0 + r) * ld + c].bits : 0;
         }
     }
 }
@@ -67,7 +68,7 @@ __device__ __forceinline__ void load_tile(unsigned short (*dst)[HEAD_DIM], const
 extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     T* __restrict__ o, float* __restrict__ lse,
-    int H, int Hk, int Lq, int Lk, float scale, int lo, int hi, int lower_right, int split_len,
+    int H, int Hk, int Lq, int Lk, int D, float scale, int lo, int hi, int lower_right, int split_len,
     long long q_b, long long q_h, long long q_l,
     long long k_b, long long k_h, long long k_l,
     long long v_b, long long v_h, long long v_l,
@@ -90,12 +91,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
     lse += blockIdx.z * lse_z;
     const float scale_log2 = scale * 1.4426950408889634f;
     const float keep_scale = (float)(1.0 / (1.0 - dropout_p));
-    const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && ((q_l | k_l | v_l) & 7) == 0;
+    const bool vec = aligned16(q) && aligned16(k) && aligned16(v) && ((q_l | k_l | v_l | D) & 7) == 0;
     // Whether any of this warp's 16 query rows exists (uniform across the warp).
     const bool active = m0 + warp * 16 < Lq;
 
     // (Read after the key loop's first barrier.)
-    load_tile<BLOCK_M>(Qs, q, q_l, m0, Lq, vec, tid);
+    load_tile<BLOCK_M>(Qs, q, q_l, m0, Lq, D, vec, tid);
 
     float acc[HEAD_DIM / 8][4];
 #pragma unroll
@@ -118,8 +119,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
 #endif
     for (int kb = k_start; kb < k_stop; kb += BLOCK_N) {
         __syncthreads();
-        load_tile<BLOCK_N>(Ks, k, k_l, kb, k_stop, vec, tid);
-        load_tile<BLOCK_N>(Vs, v, v_l, kb, k_stop, vec, tid);
+        load_tile<BLOCK_N>(Ks, k, k_l, kb, k_stop, D, vec, tid);
+        load_tile<BLOCK_N>(Vs, v, v_l, kb, k_stop, D, vec, tid);
         __syncthreads();
         if (!active) continue;
 
@@ -218,8 +219,9 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, 1) KERNEL(
         const float inv = row_sum[i] != 0.f ? 1.f / row_sum[i] : 0.f;  // NaN rows stay NaN
 #pragma unroll
         for (int n = 0; n < HEAD_DIM / 8; ++n) {
-            o[row * o_l + 8 * n + 2 * t] = from_f32<T>(acc[n][2 * i] * inv);
-            o[row * o_l + 8 * n + 2 * t + 1] = from_f32<T>(acc[n][2 * i + 1] * inv);
+            const int col = 8 * n + 2 * t;
+            if (col < D) o[row * o_l + col] = from_f32<T>(acc[n][2 * i] * inv);
+            if (col + 1 < D) o[row * o_l + col + 1] = from_f32<T>(acc[n][2 * i + 1] * inv);
         }
         if (t == 0)
             lse[(long long)bh * Lq + row] =

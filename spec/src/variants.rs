@@ -23,7 +23,8 @@ pub fn tier_for(sm: u32) -> Option<u32> {
     PTX_TIERS.iter().copied().filter(|&t| t <= sm).max()
 }
 
-/// The head dimensions flash attention is specialised for.
+/// The head dimensions flash attention is specialised for (a call of another head dim runs
+/// the next larger one, its tiles zero past the call's).
 pub const FLASH_HEAD_DIMS: [u32; 5] = [32, 64, 96, 128, 256];
 
 /// The largest head dimensions memory-efficient attention is specialised for.
