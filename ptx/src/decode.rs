@@ -294,6 +294,20 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
         shared_offsets.push(shared_bytes);
         shared_bytes += s.bytes;
     }
+    // Device function calls and module-scope memory are not run: a kernel with either
+    // fails before it starts (a call's argument passing through `.param` included).
+    if let Some(call) = kernel.body.iter().find(|i| i.opcode.starts_with("call")) {
+        return Err(ExecError::Unsupported {
+            opcode: call.opcode.clone(),
+            line: call.line,
+        });
+    }
+    if let Some((line, what)) = &kernel.not_run {
+        return Err(ExecError::Unsupported {
+            opcode: what.clone(),
+            line: *line,
+        });
+    }
     let mut ops = Vec::with_capacity(kernel.body.len());
     for i in &kernel.body {
         let invalid = |what: &str| ExecError::Invalid {

@@ -54,6 +54,9 @@ pub struct Kernel {
     pub body: Vec<Instruction>,
     /// Each label's instruction index (the instruction after it; `body.len()` at the end).
     pub labels: HashMap<String, usize>,
+    /// Why it cannot run, where it reads module-scope memory (which is not run): the
+    /// reading instruction's line and what it reads. Launching it is an error.
+    pub not_run: Option<(usize, String)>,
 }
 
 /// A kernel parameter: `.param .u64 name`.
@@ -181,12 +184,13 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
                         (kernel, at) = entry(text, line, &statements, at)?;
                         module.kernels.push(kernel);
                     }
-                    // Functions other than entries would have to be called: none of ours are.
+                    // Device functions are not run (none of ours has one; other compilers'
+                    // modules do): their bodies are passed over, and a kernel that calls one
+                    // fails when it runs (`call` is not run).
                     _ if text.contains(".func") => {
-                        return Err(ParseError {
-                            line,
-                            what: format!("a .func (device function calls are not run): {text}"),
-                        });
+                        if matches!(statements.get(at), Some((_, Statement::Open))) {
+                            at = past_block(&statements, at, line)?;
+                        }
                     }
                     // Module-scope variables are not run; NVRTC 12.0 declares some that no
                     // kernel reads (`nv::target` constants): kept by name so that a kernel
@@ -211,23 +215,22 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
             what: "no .target: not a PTX module".into(),
         });
     }
-    for (line, name) in module_variables {
-        let read = |operand: &Operand| match operand {
-            Operand::Symbol(symbol) | Operand::Address(Address::Symbol(symbol, _)) => {
-                *symbol == name
-            }
-            _ => false,
-        };
-        if module
-            .kernels
-            .iter()
-            .any(|k| k.body.iter().any(|i| i.operands.iter().any(read)))
-        {
-            return Err(ParseError {
-                line,
-                what: format!("module-scope memory is not run: {name} is read by a kernel"),
-            });
-        }
+    // A kernel that reads module-scope memory loads but does not run (NVRTC 12.0 declares
+    // variables that no kernel reads; other compilers' tables are read).
+    for kernel in &mut module.kernels {
+        kernel.not_run = kernel.body.iter().find_map(|i| {
+            i.operands.iter().find_map(|operand| match operand {
+                Operand::Symbol(symbol) | Operand::Address(Address::Symbol(symbol, _))
+                    if module_variables.iter().any(|(_, name)| name == symbol) =>
+                {
+                    Some((
+                        i.line,
+                        format!("{} of module-scope memory ({symbol})", i.opcode),
+                    ))
+                }
+                _ => None,
+            })
+        });
     }
     Ok(module)
 }
@@ -239,6 +242,32 @@ enum Statement {
     Open,
     Close,
     Label(String),
+}
+
+/// The index past the block that opens at `statements[open]` (a function's body), or an
+/// error naming `line` where it never closes.
+fn past_block(
+    statements: &[(usize, Statement)],
+    open: usize,
+    line: usize,
+) -> Result<usize, ParseError> {
+    let mut depth = 0usize;
+    for (i, (_, statement)) in statements.iter().enumerate().skip(open) {
+        match statement {
+            Statement::Open => depth += 1,
+            Statement::Close => {
+                depth -= 1;
+                if depth == 0 {
+                    return Ok(i + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    Err(ParseError {
+        line,
+        what: "a function body that never closes".into(),
+    })
 }
 
 /// The text as statements with their lines, comments, `.loc`/`.file` lines and debug
@@ -400,8 +429,11 @@ fn entry(
         .filter(|p| !p.is_empty())
     {
         let words: Vec<&str> = param.split_whitespace().collect();
-        let (ty, pname) = match words.as_slice() {
-            [".param", ty, name] => (ty.trim_start_matches('.'), *name),
+        // A scalar, or bytes passed by value (`.param .align 2 .b8 name[2]`).
+        let (ty, declared) = match words.as_slice() {
+            [".param", ty, name] | [".param", ".align", _, ty, name] => {
+                (ty.trim_start_matches('.'), *name)
+            }
             _ => {
                 return Err(ParseError {
                     line,
@@ -409,13 +441,18 @@ fn entry(
                 });
             }
         };
+        let (pname, count) = match declared.split_once('[') {
+            Some((name, count)) => (name, number::<usize>(count.trim_end_matches(']'), line)?),
+            None => (declared, 1),
+        };
+        let element = type_bytes(ty).ok_or_else(|| ParseError {
+            line,
+            what: format!("a parameter type not run: {ty}"),
+        })?;
         params.push(Param {
             name: pname.to_string(),
             ty: ty.to_string(),
-            bytes: type_bytes(ty).ok_or_else(|| ParseError {
-                line,
-                what: format!("a parameter type not run: {ty}"),
-            })?,
+            bytes: element * count,
         });
     }
     let mut kernel = Kernel {
@@ -424,6 +461,7 @@ fn entry(
         shared: Vec::new(),
         body: Vec::new(),
         labels: HashMap::new(),
+        not_run: None,
     };
     // Performance directives up to the body's brace.
     while let Some((_, Statement::Text(_))) = statements.get(at) {
@@ -471,7 +509,9 @@ pub fn type_bytes(ty: &str) -> Option<usize> {
 
 /// One statement of a body: a declaration or an instruction.
 fn body_statement(kernel: &mut Kernel, text: &str, line: usize) -> Result<(), ParseError> {
+    // `.param` in a body: a call's arguments (the call itself is refused when it runs).
     if text.starts_with(".reg")
+        || text.starts_with(".param")
         || text.starts_with(".pragma")
         || text.starts_with(".local .align 0")
     {
@@ -543,6 +583,12 @@ fn instruction(text: &str, line: usize) -> Result<Instruction, ParseError> {
     let (opcode, operands) = match rest.split_once(char::is_whitespace) {
         Some((opcode, operands)) => (opcode, operands.trim()),
         None => (rest, ""),
+    };
+    // A call's operands (`(ret), function, (args)`) are kept out: calls are not run.
+    let operands = if opcode.starts_with("call") {
+        ""
+    } else {
+        operands
     };
     let operands = split_top(operands)
         .into_iter()
@@ -764,8 +810,8 @@ $L__BB0_2:
     fn what_is_not_run_is_a_typed_error() {
         let err = parse(".version 8.0\n.target sm_80\n.address_size 32\n").unwrap_err();
         assert!(err.what.contains("64-bit"), "{err}");
-        let err = parse(".version 8.0\n.target sm_80\n.func foo()\n{\nret;\n}\n").unwrap_err();
-        assert!(err.what.contains(".func"), "{err}");
+        let err = parse(".version 8.0\n.target sm_80\n.func foo()\n{\nret;\n").unwrap_err();
+        assert!(err.what.contains("never closes") && err.line == 3, "{err}");
         let err = parse("not ptx at all").unwrap_err();
         assert!(err.what.contains(".target"), "{err}");
         let err = parse(
@@ -776,7 +822,28 @@ $L__BB0_2:
     }
 
     #[test]
-    fn module_scope_variables_are_refused_only_where_a_kernel_reads_them() {
+    fn device_functions_are_passed_over_and_a_call_is_not_run() {
+        let text = ".version 8.0\n.target sm_80\n.address_size 64\n\
+            .func (.param .b32 r) twice(\n.param .b32 x\n)\n{\n.reg .b32 %r<2>;\n\
+            ld.param.b32 %r1, [x];\nadd.s32 %r1, %r1, %r1;\nst.param.b32 [r], %r1;\nret;\n}\n\
+            .visible .entry k(\n.param .u64 a\n)\n{\n.reg .b32 %r<3>;\nmov.u32 %r1, 1;\n{\n\
+            .param .b32 p;\nst.param.b32 [p], %r1;\n.param .b32 q;\n\
+            call.uni (q), twice, (p);\nld.param.b32 %r2, [q];\n}\nret;\n}\n";
+        let module = parse(text).unwrap();
+        assert_eq!(module.kernels.len(), 1);
+        let launch = crate::Launch {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            params: vec![vec![0; 8]],
+            counters: false,
+        };
+        let err =
+            crate::run(&module.kernels[0], &launch, &mut crate::Memory::default()).unwrap_err();
+        assert!(err.to_string().contains("call"), "{err}");
+    }
+
+    #[test]
+    fn kernels_that_read_module_scope_variables_load_but_do_not_run() {
         let module = |body: &str| {
             format!(
                 ".version 8.0\n.target sm_80\n.address_size 64\n\
@@ -784,12 +851,29 @@ $L__BB0_2:
                  .visible .entry k(\n.param .u64 a\n)\n{{\n{body}\nret;\n}}\n"
             )
         };
+        let launch = crate::Launch {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            params: vec![vec![0; 8]],
+            counters: false,
+        };
+        let run = |body: &str| {
+            let parsed = parse(&module(body)).unwrap();
+            crate::run(&parsed.kernels[0], &launch, &mut crate::Memory::default())
+        };
         // As NVRTC 12.0 writes them: declared, never read.
-        let parsed = parse(&module("mov.u32 %r1, 1;")).unwrap();
-        assert_eq!(parsed.kernels.len(), 1);
-        let err = parse(&module("ld.global.u64 %rd1, [bits];")).unwrap_err();
-        assert!(err.what.contains("bits") && err.line == 4, "{err}");
-        let err = parse(&module("mov.u64 %rd1, bits;")).unwrap_err();
-        assert!(err.what.contains("module-scope"), "{err}");
+        assert!(run("mov.u32 %r1, 1;").is_ok());
+        // Read: the module loads, the kernel does not run.
+        for body in ["ld.global.u64 %rd1, [bits];", "mov.u64 %rd1, bits;"] {
+            let err = run(body).unwrap_err();
+            assert!(
+                err.to_string().contains("module-scope memory (bits)"),
+                "{err}"
+            );
+            assert!(
+                matches!(err, crate::ExecError::Unsupported { line: 9, .. }),
+                "{err}"
+            );
+        }
     }
 }
