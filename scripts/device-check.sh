@@ -72,7 +72,7 @@ plain_names() {
 
 # The candle-cuda test binary (tests/candle.rs, candle's CUDA tensors through our ops) into
 # .device/bin/test-candle. Its program links CUDA (candle's choice): here against a stand-in
-# libcuda (every driver call answers "no device"), PyTorch's CUDA 13 libraries in .venv
+# libcuda (scripts/cuda-stand-ins.py: every driver call answers "no device"), PyTorch's CUDA 13 libraries in .venv
 # (scripts/compare.sh makes it) and cuRAND from PyPI; there against the driver and the
 # image's own copies. candle's kernels need nvcc (scripts/nvcc.sh).
 candle_test() {
@@ -83,14 +83,8 @@ candle_test() {
   python3 -m pip install -q --disable-pip-version-check --no-deps --target "$link/curand" \
     nvidia-curand==10.4.5.25 || return 1
   plain_names "$link/lib64" "$site"/*/lib/lib*.so.* "$link"/curand/nvidia/*/lib/lib*.so.*
-  cargo metadata -q --format-version 1 | python3 -c '
-import json, re, sys, os
-cudarc = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc")
-source = open(os.path.join(os.path.dirname(cudarc["manifest_path"]), "src/driver/sys/mod.rs")).read()
-for name in sorted(set(re.findall(r"\bfn (cu[A-Za-z0-9_]+)\(", source))):
-    print(f"int {name}(void) {{ return 100; /* CUDA_ERROR_NO_DEVICE */ }}")' > "$link/stub.c"
-  gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/lib64/stubs/libcuda.so" "$link/stub.c" \
-    || return 1
+  python3 scripts/cuda-stand-ins.py "$link/stand-ins" || return 1
+  cp "$link/stand-ins/lib64/libcuda.so" "$link/lib64/stubs/libcuda.so"
   local exe
   exe=$(eval "$(scripts/nvcc.sh)" && CUDA_HOME="$link" cargo test -q --release \
     --features candle-cuda --test candle --no-run --message-format=json 2>/dev/null \

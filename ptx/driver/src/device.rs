@@ -167,6 +167,16 @@ pub unsafe extern "C" fn cuCtxSetCurrent(context: Handle) -> CUresult {
     })
 }
 
+/// Destroys a context made by `cuCtxCreate`: there are none (the primary context is
+/// released, not destroyed).
+///
+/// # Safety
+/// None beyond the driver API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(_context: Handle) -> CUresult {
+    INVALID_CONTEXT
+}
+
 /// The context current on this thread (null if none).
 ///
 /// # Safety

@@ -47,7 +47,7 @@ pub type CUdeviceptr = u64;
 pub type Handle = *mut c_void;
 
 /// The statuses this driver answers, with their names and messages.
-const STATUSES: [(CUresult, &CStr, &CStr); 14] = [
+const STATUSES: [(CUresult, &CStr, &CStr); 15] = [
     (0, c"CUDA_SUCCESS", c"no error"),
     (1, c"CUDA_ERROR_INVALID_VALUE", c"invalid argument"),
     (2, c"CUDA_ERROR_OUT_OF_MEMORY", c"out of memory"),
@@ -68,6 +68,7 @@ const STATUSES: [(CUresult, &CStr, &CStr); 14] = [
         c"CUDA_ERROR_INVALID_PTX",
         c"a PTX JIT compilation failed",
     ),
+    (301, c"CUDA_ERROR_FILE_NOT_FOUND", c"file not found"),
     (
         400,
         c"CUDA_ERROR_INVALID_HANDLE",
@@ -95,6 +96,7 @@ const INVALID_DEVICE: CUresult = 101;
 const INVALID_CONTEXT: CUresult = 201;
 const NO_BINARY_FOR_GPU: CUresult = 209;
 const INVALID_PTX: CUresult = 218;
+const FILE_NOT_FOUND: CUresult = 301;
 const INVALID_HANDLE: CUresult = 400;
 const NOT_FOUND: CUresult = 500;
 const ILLEGAL_ADDRESS: CUresult = 700;
@@ -123,14 +125,16 @@ struct Driver {
 }
 
 impl Driver {
+    /// A new handle, apart from the context's and the special streams' values.
     fn handle(&mut self) -> usize {
         self.last_handle += 1;
-        // Past the context's handle; never 0 (the null handle).
-        CONTEXT + self.last_handle
+        0x1000 + self.last_handle
     }
 
+    /// Whether `stream` is one made by `cuStreamCreate` or a special one: the null
+    /// stream, `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2).
     fn stream_exists(&self, stream: Handle) -> bool {
-        stream.is_null() || self.streams.contains(&stream.addr())
+        stream.addr() <= 2 || self.streams.contains(&stream.addr())
     }
 }
 

@@ -39,6 +39,36 @@ pub unsafe extern "C" fn cuMemFree_v2(address: CUdeviceptr) -> CUresult {
     })
 }
 
+/// As [`cuMemAlloc_v2`], ordered on a stream (done at once).
+///
+/// # Safety
+/// `address` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    address: *mut CUdeviceptr,
+    bytes: usize,
+    stream: Handle,
+) -> CUresult {
+    if let Err(e) = known_stream(stream) {
+        return e;
+    }
+    // SAFETY: the same contract.
+    unsafe { cuMemAlloc_v2(address, bytes) }
+}
+
+/// As [`cuMemFree_v2`], ordered on a stream (done at once).
+///
+/// # Safety
+/// None beyond the driver API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(address: CUdeviceptr, stream: Handle) -> CUresult {
+    if let Err(e) = known_stream(stream) {
+        return e;
+    }
+    // SAFETY: no pointer is dereferenced.
+    unsafe { cuMemFree_v2(address) }
+}
+
 /// Copies `bytes` from the host to the device.
 ///
 /// # Safety
@@ -211,4 +241,24 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     }
     // SAFETY: no pointer is dereferenced.
     unsafe { cuMemsetD8_v2(target, value, count) }
+}
+
+/// Copies `bytes` between the memory of two contexts: there is one, so a device copy.
+///
+/// # Safety
+/// None beyond the driver API's.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyPeerAsync(
+    target: CUdeviceptr,
+    target_context: Handle,
+    source: CUdeviceptr,
+    source_context: Handle,
+    bytes: usize,
+    stream: Handle,
+) -> CUresult {
+    if target_context.addr() != CONTEXT || source_context.addr() != CONTEXT {
+        return INVALID_CONTEXT;
+    }
+    // SAFETY: no pointer is dereferenced.
+    unsafe { cuMemcpyDtoDAsync_v2(target, source, bytes, stream) }
 }

@@ -56,6 +56,25 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_v
     })
 }
 
+/// Loads a module from a file of PTX text, as [`cuModuleLoadData`].
+///
+/// # Safety
+/// `module` is valid for a write; `path` is NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, path: *const c_char) -> CUresult {
+    if path.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: NUL-terminated (the caller's contract).
+    let path = unsafe { CStr::from_ptr(path) };
+    let Some(mut image) = path.to_str().ok().and_then(|p| std::fs::read(p).ok()) else {
+        return FILE_NOT_FOUND;
+    };
+    image.push(0);
+    // SAFETY: `image` is NUL-terminated; `module` as the caller's contract says.
+    unsafe { cuModuleLoadData(module, image.as_ptr().cast()) }
+}
+
 /// Unloads a module (its functions become invalid handles).
 ///
 /// # Safety

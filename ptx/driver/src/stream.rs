@@ -65,6 +65,19 @@ pub unsafe extern "C" fn cuStreamQuery(stream: Handle) -> CUresult {
     status(|| known_stream(stream))
 }
 
+/// Whether a stream is capturing a graph: never (graphs are not run here).
+///
+/// # Safety
+/// `capturing` is valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: Handle, capturing: *mut c_uint) -> CUresult {
+    status(|| {
+        known_stream(stream)?;
+        // SAFETY: the caller's contract; 0 is CU_STREAM_CAPTURE_STATUS_NONE.
+        unsafe { put(capturing, 0) }
+    })
+}
+
 /// Makes a stream wait for an event: recorded events are complete.
 ///
 /// # Safety

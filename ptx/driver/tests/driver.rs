@@ -161,6 +161,17 @@ fn fresh_memory_is_poisoned_and_copies_stay_inside_allocations() {
         assert_eq!(cuMemsetD8_v2(a, 0, 1), 1);
         assert_eq!(cuMemFree_v2(a), 1);
         ok(cuMemFree_v2(b));
+        // Stream-ordered, on the per-thread stream (CU_STREAM_PER_THREAD), which is idle.
+        let (mut c, mut capturing) = (0, 7);
+        let per_thread: Handle = std::ptr::without_provenance_mut(2);
+        ok(cuMemAllocAsync(&mut c, 4, per_thread));
+        ok(cuStreamIsCapturing(per_thread, &mut capturing));
+        assert_eq!(capturing, 0);
+        ok(cuMemFreeAsync(c, per_thread));
+        assert_eq!(
+            cuMemFreeAsync(c, std::ptr::without_provenance_mut(0x7777)),
+            400
+        );
     }
 }
 
