@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use crate::stream::known_stream;
+use crate::stream::on_stream;
 use crate::*;
 
 /// `bytes` of new device memory, filled with `0xff` (NaN in every float type).
@@ -49,11 +49,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytes: usize,
     stream: Handle,
 ) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: the same contract.
-    unsafe { cuMemAlloc_v2(address, bytes) }
+    on_stream(stream, || unsafe { cuMemAlloc_v2(address, bytes) })
 }
 
 /// As [`cuMemFree_v2`], ordered on a stream (done at once).
@@ -62,11 +59,8 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 /// None beyond the driver API's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemFreeAsync(address: CUdeviceptr, stream: Handle) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: no pointer is dereferenced.
-    unsafe { cuMemFree_v2(address) }
+    on_stream(stream, || unsafe { cuMemFree_v2(address) })
 }
 
 /// Copies `bytes` from the host to the device.
@@ -88,11 +82,7 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
         }
         // SAFETY: `source` holds `bytes` bytes (the caller's contract).
         let data = unsafe { std::slice::from_raw_parts(source.cast::<u8>(), bytes) };
-        if initialised()?.memory.write(target, data) {
-            Ok(())
-        } else {
-            Err(INVALID_VALUE)
-        }
+        write(&mut *initialised()?, target, data)
     })
 }
 
@@ -107,11 +97,8 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     bytes: usize,
     stream: Handle,
 ) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: the same contract.
-    unsafe { cuMemcpyHtoD_v2(target, source, bytes) }
+    on_stream(stream, || unsafe { cuMemcpyHtoD_v2(target, source, bytes) })
 }
 
 /// Copies `bytes` from the device to the host.
@@ -151,11 +138,8 @@ pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     bytes: usize,
     stream: Handle,
 ) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: the same contract.
-    unsafe { cuMemcpyDtoH_v2(target, source, bytes) }
+    on_stream(stream, || unsafe { cuMemcpyDtoH_v2(target, source, bytes) })
 }
 
 /// Copies `bytes` between device addresses.
@@ -178,11 +162,7 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(
             .download(source, bytes)
             .ok_or(INVALID_VALUE)?
             .to_vec();
-        if driver.memory.write(target, &data) {
-            Ok(())
-        } else {
-            Err(INVALID_VALUE)
-        }
+        write(&mut driver, target, &data)
     })
 }
 
@@ -197,11 +177,8 @@ pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
     bytes: usize,
     stream: Handle,
 ) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: no pointer is dereferenced.
-    unsafe { cuMemcpyDtoD_v2(target, source, bytes) }
+    on_stream(stream, || unsafe { cuMemcpyDtoD_v2(target, source, bytes) })
 }
 
 /// Sets `count` bytes at `target` to `value`.
@@ -217,11 +194,7 @@ pub unsafe extern "C" fn cuMemsetD8_v2(target: CUdeviceptr, value: u8, count: us
         let mut fill = Vec::new();
         fill.try_reserve_exact(count).map_err(|_| OUT_OF_MEMORY)?;
         fill.resize(count, value);
-        if initialised()?.memory.write(target, &fill) {
-            Ok(())
-        } else {
-            Err(INVALID_VALUE)
-        }
+        write(&mut *initialised()?, target, &fill)
     })
 }
 
@@ -236,11 +209,8 @@ pub unsafe extern "C" fn cuMemsetD8Async(
     count: usize,
     stream: Handle,
 ) -> CUresult {
-    if let Err(e) = known_stream(stream) {
-        return e;
-    }
     // SAFETY: no pointer is dereferenced.
-    unsafe { cuMemsetD8_v2(target, value, count) }
+    on_stream(stream, || unsafe { cuMemsetD8_v2(target, value, count) })
 }
 
 /// Copies `bytes` between the memory of two contexts: there is one, so a device copy.
@@ -261,4 +231,14 @@ pub unsafe extern "C" fn cuMemcpyPeerAsync(
     }
     // SAFETY: no pointer is dereferenced.
     unsafe { cuMemcpyDtoDAsync_v2(target, source, bytes, stream) }
+}
+
+/// Writes `bytes` at `target`, or `CUDA_ERROR_INVALID_VALUE` where they leave every
+/// allocation.
+fn write(driver: &mut Driver, target: CUdeviceptr, bytes: &[u8]) -> Result<(), CUresult> {
+    if driver.memory.write(target, bytes) {
+        Ok(())
+    } else {
+        Err(INVALID_VALUE)
+    }
 }

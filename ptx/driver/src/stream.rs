@@ -47,6 +47,15 @@ pub(crate) fn known_stream(stream: Handle) -> Result<(), CUresult> {
     }
 }
 
+/// `call`'s status where `stream` exists, else `CUDA_ERROR_INVALID_HANDLE`: the stream
+/// forms of the calls, whose work is done when queued.
+pub(crate) fn on_stream(stream: Handle, call: impl FnOnce() -> CUresult) -> CUresult {
+    match known_stream(stream) {
+        Ok(()) => call(),
+        Err(e) => e,
+    }
+}
+
 /// Waits for a stream: its work is done when queued.
 ///
 /// # Safety
