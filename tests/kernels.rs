@@ -201,11 +201,11 @@ fn documented_params(key: KernelKey) -> Vec<PtxParam> {
         }
         // partials, C; M, N, batch, splits; c_batch, c_row.
         Family::SplitKReduce => [n(B64, 2), n(B32, 4), n(B64, 2)].concat(),
-        // q, k, v, o, lse; H, Hk, Lq, Lk; scale; lo, hi, lower_right, split_len; 12
+        // q, k, v, o, lse; H, Hk, Lq, Lk, D; scale; lo, hi, lower_right, split_len; 12
         // strides, o_z, lse_z; dropout_p, seed.
         Family::FlashFwd => [
             n(B64, 5),
-            n(B32, 4),
+            n(B32, 5),
             vec![F32, B32, B32, B32, B32],
             n(B64, 14),
             vec![F64, B64],

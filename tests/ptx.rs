@@ -407,7 +407,7 @@ fn run_attention(
     let band_words = [lo, hi, 0].map(|x| x.to_le_bytes().to_vec());
     if flash {
         params.extend([ptr(o_at), ptr(lse_at)]);
-        params.extend([h, hk, lq, lk].map(int));
+        params.extend([h, hk, lq, lk, d].map(int));
         params.push((scale as f32).to_le_bytes().to_vec());
         params.extend(band_words);
         // One chunk of keys (no split-KV).
