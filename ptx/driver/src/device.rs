@@ -103,8 +103,9 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         let arch = arch() as c_int;
         let answer = match attribute {
             1 => 1024,       // MAX_THREADS_PER_BLOCK
-            2 | 5 => 1024,   // MAX_BLOCK_DIM_X, MAX_GRID_DIM_X (x: 2^31 - 1 below)
-            3 | 4 => 1024,   // MAX_BLOCK_DIM_Y, _Z
+            2 | 3 => 1024,   // MAX_BLOCK_DIM_X, _Y
+            4 => 64,         // MAX_BLOCK_DIM_Z
+            5 => c_int::MAX, // MAX_GRID_DIM_X
             6 | 7 => 65535,  // MAX_GRID_DIM_Y, _Z
             8 => 48 << 10,   // MAX_SHARED_MEMORY_PER_BLOCK
             10 => 32,        // WARP_SIZE
@@ -117,7 +118,6 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             115 => 0,        // MEMORY_POOLS_SUPPORTED: no stream-ordered allocator
             _ => return Err(NOT_SUPPORTED),
         };
-        let answer = if attribute == 5 { c_int::MAX } else { answer };
         // SAFETY: the caller's contract.
         unsafe { put(value, answer) }
     })
