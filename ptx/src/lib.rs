@@ -12,10 +12,12 @@
 mod counters;
 mod decode;
 pub mod exec;
+mod memory;
 pub mod mma;
 pub mod parse;
 mod semantics;
 
 pub use counters::Stats;
-pub use exec::{ExecError, Launch, Memory, run};
+pub use exec::{ExecError, Launch, run};
+pub use memory::Memory;
 pub use parse::{Address, Guard, Instruction, Kernel, Module, Operand, Param, ParseError, Shared};
