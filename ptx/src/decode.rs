@@ -296,12 +296,6 @@ pub(crate) fn decode(kernel: &Kernel) -> Result<Decoded, ExecError> {
     }
     // Device function calls and module-scope memory are not run: a kernel with either
     // fails before it starts (a call's argument passing through `.param` included).
-    if let Some(call) = kernel.body.iter().find(|i| i.opcode.starts_with("call")) {
-        return Err(ExecError::Unsupported {
-            opcode: call.opcode.clone(),
-            line: call.line,
-        });
-    }
     if let Some((line, what)) = &kernel.not_run {
         return Err(ExecError::Unsupported {
             opcode: what.clone(),

@@ -54,8 +54,8 @@ pub struct Kernel {
     pub body: Vec<Instruction>,
     /// Each label's instruction index (the instruction after it; `body.len()` at the end).
     pub labels: HashMap<String, usize>,
-    /// Why it cannot run, where it reads module-scope memory (which is not run): the
-    /// reading instruction's line and what it reads. Launching it is an error.
+    /// Why it cannot run, where it calls a device function or reads module-scope memory
+    /// (neither is run): the instruction's line and what it does. Launching it is an error.
     pub not_run: Option<(usize, String)>,
 }
 
@@ -201,7 +201,7 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
                             .next()
                             .and_then(|declaration| declaration.split_whitespace().last())
                             .unwrap_or_default();
-                        module_variables.push((line, name.to_string()));
+                        module_variables.push(name.to_string());
                     }
                     _ => {}
                 }
@@ -215,22 +215,31 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
             what: "no .target: not a PTX module".into(),
         });
     }
-    // A kernel that reads module-scope memory loads but does not run (NVRTC 12.0 declares
-    // variables that no kernel reads; other compilers' tables are read).
+    // A kernel that calls a device function or reads module-scope memory loads but does
+    // not run (NVRTC 12.0 declares variables that no kernel reads; other compilers' tables
+    // are read, and their kernels call functions).
     for kernel in &mut module.kernels {
-        kernel.not_run = kernel.body.iter().find_map(|i| {
-            i.operands.iter().find_map(|operand| match operand {
-                Operand::Symbol(symbol) | Operand::Address(Address::Symbol(symbol, _))
-                    if module_variables.iter().any(|(_, name)| name == symbol) =>
-                {
-                    Some((
-                        i.line,
-                        format!("{} of module-scope memory ({symbol})", i.opcode),
-                    ))
-                }
-                _ => None,
+        let call = kernel
+            .body
+            .iter()
+            .find(|i| i.opcode.starts_with("call"))
+            .map(|i| (i.line, i.opcode.clone()));
+        let variable = || {
+            kernel.body.iter().find_map(|i| {
+                i.operands.iter().find_map(|operand| match operand {
+                    Operand::Symbol(symbol) | Operand::Address(Address::Symbol(symbol, _))
+                        if module_variables.contains(symbol) =>
+                    {
+                        Some((
+                            i.line,
+                            format!("{} of module-scope memory ({symbol})", i.opcode),
+                        ))
+                    }
+                    _ => None,
+                })
             })
-        });
+        };
+        kernel.not_run = call.or_else(variable);
     }
     Ok(module)
 }
