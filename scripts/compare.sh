@@ -17,6 +17,9 @@
 #        GEMM_SIZES="1024" SDPA_LENGTHS="1024" PAIRS=5 scripts/compare.sh
 #        ONLY="linalg|conv2d" scripts/compare.sh   (the rows whose names match the
 #                                                   extended regular expression)
+#        PEER_SECONDS=120 (default): a PyTorch row whose warm-up call takes longer than
+#        this over PAIRS gets fewer pairs (at least one; the row's name says how many),
+#        so that PyTorch's bf16 rows on a CPU without bf16 hardware end in minutes
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -24,6 +27,7 @@ read -r -a gemm_sizes <<< "${GEMM_SIZES:-1024 2048 4096}"
 read -r -a sdpa_lengths <<< "${SDPA_LENGTHS:-512 1024 2048}"
 pairs="${PAIRS:-11}"
 only="${ONLY:-}"
+peer_budget="${PEER_SECONDS:-120}"
 threads="${OMP_NUM_THREADS:-$(nproc)}"
 export OMP_NUM_THREADS="$threads"
 
@@ -87,9 +91,9 @@ fi
 
 # bf16 GEMM and attention: PyTorch's process drives ours.
 .venv/bin/python - "$threads" "$pairs" "$(IFS=,; echo "${gemm_sizes[*]}")" \
-  "$(IFS=,; echo "${sdpa_lengths[*]}")" target/release/examples/paired "$only" <<'PY' |
+  "$(IFS=,; echo "${sdpa_lengths[*]}")" target/release/examples/paired "$only" "$peer_budget" <<'PY' |
 import re, subprocess, sys, time
-threads, pairs = int(sys.argv[1]), int(sys.argv[2])
+threads, pairs, budget = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[7])
 gemm_sizes = [int(n) for n in sys.argv[3].split(",") if n]
 sdpa_lengths = [int(n) for n in sys.argv[4].split(",") if n]
 try:
@@ -265,10 +269,13 @@ for name, line, work, make in works:
         continue
     theirs = make() if torch else None
     ours_call(line)
+    # A peer far slower than us (PyTorch's bf16 GEMM without bf16 hardware: minutes a
+    # call at n = 4096) gets fewer pairs: as many as its warm-up call fits in the budget.
+    rounds = pairs
     if theirs:
-        theirs()
+        rounds = min(pairs, max(1, int(budget / max(theirs_call(theirs), 1e-9))))
     ours_times, theirs_times = [], []
-    for _ in range(pairs):
+    for _ in range(rounds):
         ours_times.append(ours_call(line))
         # Both thread pools go idle (neither spins on the other's cores) before the next call.
         time.sleep(0.02)
@@ -280,9 +287,10 @@ for name, line, work, make in works:
         print(f"{name}\t{best_ours:.{digits(name)}f}\tn/a\t-\t-\t-")
         continue
     ratios = sorted(t / o for o, t in zip(ours_times, theirs_times))
-    print(f"{name}\t{best_ours:.{digits(name)}f}\t{work / min(theirs_times):.{digits(name)}f}"
-          f"\t{ratios[pairs // 2]:.2f}"
-          f"\t{ratios[pairs // 4]:.2f}\t{ratios[3 * pairs // 4]:.2f}")
+    fewer = f" [{rounds} pair{'s' if rounds > 1 else ''}]" if rounds < pairs else ""
+    print(f"{name}{fewer}\t{best_ours:.{digits(name)}f}\t{work / min(theirs_times):.{digits(name)}f}"
+          f"\t{ratios[rounds // 2]:.2f}"
+          f"\t{ratios[rounds // 4]:.2f}\t{ratios[3 * rounds // 4]:.2f}")
 ours.stdin.close()
 ours.wait()
 print(f"peer\tPyTorch {torch.__version__}" if torch else "peer\tnone (torch is missing)")
