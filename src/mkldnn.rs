@@ -1,6 +1,11 @@
-//! `torch.backends.mkldnn`: oneDNN (probed at run time) and the `verbose` trace guard.
+//! `torch.backends.mkldnn`: oneDNN (probed at run time), the `enabled` flag and the
+//! `verbose` trace guard.
 //!
 //! This library's own CPU kernels serve every operation; oneDNN is reported, not called.
+//! `enabled` steers `conv2d` on the CPU as it steers PyTorch's: on (the default), the
+//! library's convolution kernels take the call where PyTorch's would go to oneDNN; off, it
+//! goes where PyTorch's goes without oneDNN: NNPACK (`nnpack::flags`) where PyTorch's rule
+//! for it holds and NNPACK loads, otherwise the unfolded input times the weight.
 
 use std::sync::OnceLock;
 
@@ -8,6 +13,7 @@ use crate::core::flag::{Guard, ScopedGuard};
 pub use crate::core::verbose::{
     MKLDNN_VERBOSE as VERBOSE, VERBOSE_OFF, VERBOSE_ON, VERBOSE_ON_CREATION,
 };
+pub use crate::ops::conv::MKLDNN_ENABLED as ENABLED;
 use crate::runtime::dylib::{self, Loaded};
 
 fn library() -> Option<&'static Loaded> {
@@ -44,6 +50,28 @@ pub fn version() -> Option<(u32, u32, u32)> {
     ))
 }
 
+/// Whether the library's convolution kernels take CPU convolutions (oneDNN's place).
+pub fn enabled() -> bool {
+    ENABLED.get()
+}
+
+/// Sets [`enabled`]; returns the previous setting.
+pub fn set_flags(enabled: bool) -> bool {
+    let previous = ENABLED.global();
+    ENABLED.set(enabled);
+    previous
+}
+
+/// Sets [`enabled`] until the guard drops.
+pub fn flags(enabled: bool) -> Guard {
+    ENABLED.guard(enabled)
+}
+
+/// [`flags`] for the current thread only.
+pub fn flags_scoped(enabled: bool) -> ScopedGuard {
+    ENABLED.guard_scoped(enabled)
+}
+
 /// Sets the kernel trace level (`VERBOSE_OFF`, `VERBOSE_ON`, `VERBOSE_ON_CREATION`) until
 /// the guard drops.
 pub fn verbose(level: u32) -> crate::Result<Guard> {
@@ -61,6 +89,7 @@ pub(crate) fn report() -> serde_json::Value {
         "library": dylib::report(library()),
         "version": version().map(|(a, b, c)| format!("{a}.{b}.{c}")),
         "used_by_kernels": false,
+        "enabled": ENABLED.report(),
         "verbose": VERBOSE.report(),
     })
 }

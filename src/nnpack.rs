@@ -1,4 +1,6 @@
-//! `torch.backends.nnpack`: NNPACK (probed at run time) and its `enabled` flag.
+//! `torch.backends.nnpack`: NNPACK (loaded at run time: `libnnpack.so`, or PyTorch's
+//! `libtorch_cpu.so`, which carries it) and its `enabled` flag, read by `conv2d` on the CPU
+//! while `mkldnn.enabled` is off (as PyTorch reads it).
 
 use crate::core::flag::{Guard, ScopedGuard};
 use crate::ops::conv::nnpack::library;

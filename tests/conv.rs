@@ -1,6 +1,7 @@
 //! `conv2d` / `conv1d` against a direct float64 convolution: odd sizes, every padding mode,
 //! stride, dilation, groups (depthwise too), bias, batch 0, unbatched inputs, views, each
-//! dtype within its bound, the precision flag's effect, the trace, and typed errors.
+//! dtype within its bound, the precision flag's effect, `mkldnn.enabled` and NNPACK, the
+//! trace, and typed errors.
 
 mod common;
 
@@ -372,6 +373,9 @@ fn the_trace_names_the_lowering_and_nnpack() {
     let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
     let x = tensor(&random(2 * 3 * 5 * 5), &[2, 3, 5, 5], DType::F32);
     let w = tensor(&random(4 * 3 * 9), &[4, 3, 3, 3], DType::F32);
+    // With mkldnn off (the library's kernels would read these 5-wide rows unfolded anyway),
+    // NNPACK is asked and says why not.
+    let _m = backends::mkldnn::flags_scoped(false);
     for enabled in [true, false] {
         let _n = backends::nnpack::flags_scoped(enabled);
         let capture = backends::TraceCapture::start();
@@ -388,20 +392,221 @@ fn the_trace_names_the_lowering_and_nnpack() {
             "{conv}"
         );
         let nnpack = if enabled {
-            "nnpack not loadable here"
+            "nnpack: batches of 16 or more"
         } else {
             "nnpack off (nnpack.flags)"
         };
-        if backends::nnpack::is_available() {
-            eprintln!("skipped: the nnpack wording (libnnpack loads here)");
-        } else {
-            assert!(conv.contains(nnpack), "{conv}");
-        }
+        assert!(conv.contains(nnpack), "{conv}");
         assert!(
             lines.iter().any(|l| l.contains(",gemm_f32")),
             "the GEMM's own line: {lines:?}"
         );
     }
+}
+
+/// With `mkldnn.enabled` off (and NNPACK off) every convolution takes PyTorch's path
+/// without oneDNN: the unfolded input times the weight, or the input itself for 1x1
+/// kernels; never the implicit GEMM or the direct depthwise kernel.
+#[test]
+fn mkldnn_off_unfolds_every_convolution() {
+    let _m = backends::mkldnn::flags_scoped(false);
+    let _n = backends::nnpack::flags_scoped(false);
+    for case in cases() {
+        for dtype in [DType::F32, DType::F64, DType::Bf16] {
+            let err = check(&case, dtype);
+            assert!(err < bound(dtype), "{case:?} {dtype}: {err}");
+        }
+        let (x, w) = operands(&case, DType::F32);
+        let lowering = backends::conv::explain(&x, &w, &options(&case))
+            .unwrap()
+            .lowering;
+        assert!(
+            ["im2col+gemm", "gemm"].contains(&lowering),
+            "{case:?}: {lowering}"
+        );
+    }
+    // The same wide one-group convolution reads the input in place with mkldnn on.
+    let wide = Case {
+        hw: [8, 24],
+        ..BASE
+    };
+    let (x, w) = operands(&wide, DType::F32);
+    let lowering = |enabled| {
+        let _m = backends::mkldnn::flags_scoped(enabled);
+        backends::conv::explain(&x, &w, &options(&wide))
+            .unwrap()
+            .lowering
+    };
+    assert_eq!(
+        (lowering(true), lowering(false)),
+        ("implicit gemm", "im2col+gemm")
+    );
+}
+
+/// Random operands of `case` in `dtype`.
+fn operands(case: &Case, dtype: DType) -> (Tensor, Tensor) {
+    let (cg, [kh, kw]) = (case.c / case.groups, case.k);
+    (
+        tensor(
+            &random(case.n * case.c * case.hw[0] * case.hw[1]),
+            &[case.n, case.c, case.hw[0], case.hw[1]],
+            dtype,
+        ),
+        tensor(&random(case.o * cg * kh * kw), &[case.o, cg, kh, kw], dtype),
+    )
+}
+
+/// `case`'s options, without a bias.
+fn options(case: &Case) -> Conv2dOptions<'static> {
+    Conv2dOptions {
+        bias: None,
+        stride: case.stride,
+        padding: case.padding,
+        dilation: case.dilation,
+        groups: case.groups,
+    }
+}
+
+/// NNPACK takes the CPU convolutions PyTorch gives it (`mkldnn.enabled` off, `nnpack.enabled`
+/// on, f32, a batch of 16 or more, no dilation, kernels up to 16x16, padding less than the
+/// kernel), in every layout it is called with (one call per batch; per image with a stride;
+/// per image and group with groups), against the float64 convolution; everything else says
+/// why not.
+#[test]
+fn nnpack_takes_pytorchs_convolutions_with_mkldnn_off() {
+    let _m = backends::mkldnn::flags_scoped(false);
+    let batch = Case { n: 16, ..BASE };
+    let why = |case: &Case, dtype| {
+        let (x, w) = operands(case, dtype);
+        backends::conv::explain(&x, &w, &options(case)).unwrap()
+    };
+    let refusals = [
+        (
+            Case { n: 15, ..BASE },
+            DType::F32,
+            "nnpack: batches of 16 or more",
+        ),
+        (batch, DType::F64, "nnpack: f32 only"),
+        (
+            Case {
+                dilation: [1, 2],
+                ..batch
+            },
+            DType::F32,
+            "nnpack: no dilation",
+        ),
+        (
+            Case {
+                k: [3, 17],
+                hw: [9, 20],
+                ..batch
+            },
+            DType::F32,
+            "nnpack: kernels up to 16x16",
+        ),
+        (
+            Case {
+                padding: Padding::Explicit([0, 3]),
+                ..batch
+            },
+            DType::F32,
+            "nnpack: padding must be less than the kernel",
+        ),
+    ];
+    for (case, dtype, reason) in refusals {
+        let choice = why(&case, dtype);
+        assert!(choice.libraries.starts_with(reason), "{case:?}: {choice:?}");
+        assert_ne!(choice.lowering, "nnpack");
+    }
+    {
+        let _n = backends::nnpack::flags_scoped(false);
+        assert_eq!(
+            why(&batch, DType::F32).libraries,
+            "nnpack off (nnpack.flags)"
+        );
+    }
+    {
+        let _m = backends::mkldnn::flags_scoped(true);
+        assert!(
+            why(&batch, DType::F32)
+                .libraries
+                .starts_with("nnpack not tried: mkldnn.enabled")
+        );
+    }
+    if !backends::nnpack::is_available() {
+        assert!(
+            why(&batch, DType::F32)
+                .libraries
+                .starts_with("nnpack not loadable here")
+        );
+        eprintln!(
+            "skipped: NNPACK's convolutions (NNPACK does not load here; scripts/nnpack-check.sh \
+             runs them with PyTorch's libtorch_cpu.so)"
+        );
+        return;
+    }
+    let taken = [
+        batch,
+        Case {
+            padding: Padding::Explicit([1, 2]),
+            ..batch
+        },
+        Case {
+            padding: Padding::Same,
+            k: [4, 2],
+            hw: [11, 13],
+            ..batch
+        },
+        Case {
+            padding: Padding::Valid,
+            k: [2, 5],
+            bias: false,
+            ..batch
+        },
+        Case {
+            stride: [2, 3],
+            padding: Padding::Explicit([1, 1]),
+            hw: [10, 11],
+            ..batch
+        },
+        Case {
+            groups: 3,
+            c: 6,
+            o: 9,
+            padding: Padding::Explicit([1, 0]),
+            ..batch
+        },
+        Case {
+            groups: 5,
+            c: 5,
+            o: 10,
+            stride: [2, 1],
+            padding: Padding::Explicit([1, 1]),
+            ..batch
+        },
+        Case {
+            k: [11, 11],
+            hw: [20, 18],
+            padding: Padding::Explicit([5, 5]),
+            ..batch
+        },
+    ];
+    for case in taken {
+        assert_eq!(why(&case, DType::F32).lowering, "nnpack", "{case:?}");
+        let err = check(&case, DType::F32);
+        assert!(err < bound(DType::F32), "{case:?}: {err}");
+    }
+    let (x, w) = operands(&batch, DType::F32);
+    let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+    let capture = backends::TraceCapture::start();
+    conv2d(&x, &w, &options(&batch)).unwrap();
+    let lines = capture.take();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("backends_verbose,exec,cpu/nnpack,conv2d,f32")),
+        "{lines:?}"
+    );
 }
 
 #[test]
@@ -590,7 +795,12 @@ fn explain_names_the_lowering_precision_and_libraries() {
         let medium = explain(&x, &weight(8, 4, 3), &options(1)).unwrap();
         assert!(medium.precision.contains("bf16"), "{medium:?}");
     }
-    assert!(choice.libraries.contains("nnpack"), "{choice:?}");
+    assert!(
+        choice
+            .libraries
+            .starts_with("nnpack not tried: mkldnn.enabled"),
+        "{choice:?}"
+    );
     // explain checks the operands as conv2d does; unbatched inputs are explained too.
     assert!(matches!(
         explain(&x, &weight(8, 3, 3), &options(1)),

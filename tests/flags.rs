@@ -34,6 +34,7 @@ fn bool_flags() -> Vec<(&'static Flag<bool>, bool)> {
         (&cudnn::BENCHMARK, false),
         (&mha::FASTPATH, true),
         (&nnpack::ENABLED, true),
+        (&mkldnn::ENABLED, true),
         (&opt_einsum::ENABLED, true),
         (&backends::DETERMINISTIC_ALGORITHMS, false),
         (&backends::DETERMINISTIC_WARN_ONLY, false),
@@ -295,11 +296,13 @@ fn cudnn_flags_guard_sets_only_what_is_given() {
 }
 
 #[test]
-fn nnpack_opt_einsum_and_verbose_guards() {
+fn nnpack_mkldnn_opt_einsum_and_verbose_guards() {
     let _lock = process_wide();
     {
         let _n = nnpack::flags(false);
         assert!(!nnpack::enabled());
+        let _k = mkldnn::flags(false);
+        assert!(!mkldnn::enabled());
         let _o = opt_einsum::flags(Some(false), Some(opt_einsum::Strategy::Greedy));
         assert!(!opt_einsum::enabled());
         assert_eq!(opt_einsum::strategy(), opt_einsum::Strategy::Greedy);
@@ -308,12 +311,14 @@ fn nnpack_opt_einsum_and_verbose_guards() {
         let _m = mkl::verbose(mkl::VERBOSE_ON).unwrap();
         assert_eq!(mkl::VERBOSE.get(), 1);
     }
-    assert!(nnpack::enabled() && opt_einsum::enabled());
+    assert!(nnpack::enabled() && mkldnn::enabled() && opt_einsum::enabled());
     assert_eq!(opt_einsum::strategy(), opt_einsum::Strategy::Auto);
     assert_eq!(backends::verbose::level(), 0);
 
     assert!(nnpack::set_flags(false));
     assert!(!nnpack::set_flags(true));
+    assert!(mkldnn::set_flags(false));
+    assert!(!mkldnn::set_flags(true));
     opt_einsum::set_strategy(opt_einsum::Strategy::Optimal);
     assert_eq!(opt_einsum::strategy(), opt_einsum::Strategy::Optimal);
     opt_einsum::set_strategy(opt_einsum::Strategy::Auto);

@@ -16,19 +16,24 @@ use crate::{DType, Device, Result, Tensor, matmul};
 /// many (at least one image), which bounds the extra memory to a few tens of MB.
 const UNFOLD_CHUNK: usize = 1 << 21;
 
+/// `library_kernels` ([`super::MKLDNN_ENABLED`]): whether the implicit GEMM and the direct
+/// depthwise kernel may run; otherwise every group of each image is unfolded (except where
+/// the input already is the unfolded input).
 pub(crate) fn conv2d(
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
+    library_kernels: bool,
 ) -> Result<Tensor> {
-    match input.dtype() {
-        DType::F32 => run::<f32>(input, weight, bias, g),
-        DType::F64 => run::<f64>(input, weight, bias, g),
-        DType::F16 => run::<f16>(input, weight, bias, g),
-        DType::Bf16 => run::<bf16>(input, weight, bias, g),
+    let run = match input.dtype() {
+        DType::F32 => run::<f32>,
+        DType::F64 => run::<f64>,
+        DType::F16 => run::<f16>,
+        DType::Bf16 => run::<bf16>,
         DType::Bool | DType::I32 => unreachable!("conv2d refuses non-floats"),
-    }
+    };
+    run(input, weight, bias, g, library_kernels)
 }
 
 fn run<T: Element>(
@@ -36,10 +41,11 @@ fn run<T: Element>(
     weight: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
+    library_kernels: bool,
 ) -> Result<Tensor> {
     let (n, o, p) = (g.batch, g.out_channels, g.pixels());
     let out_shape = [n, o, g.output[0], g.output[1]];
-    if g.reads_shifted_rows(T::DTYPE) {
+    if library_kernels && g.reads_shifted_rows(T::DTYPE) {
         let out = implicit::<T>(input, weight, bias, g)?;
         return Tensor::from_vec(out, &out_shape, Device::Cpu);
     }
@@ -48,7 +54,7 @@ fn run<T: Element>(
     let w = weight
         .contiguous()?
         .view(&[g.groups, g.group_out_channels(), kg])?;
-    let mut out = if g.group_channels() == 1 && g.groups > 1 {
+    let mut out = if library_kernels && g.group_channels() == 1 && g.groups > 1 {
         match T::DTYPE {
             DType::F64 => depthwise::<T, f64>(input, weight, g, T::to_f64, T::from_f64)?,
             _ => depthwise::<T, f32>(input, weight, g, T::to_f32, T::from_f32)?,

@@ -102,20 +102,14 @@ pub(super) fn excluded_notes(dtype: DType) -> Vec<Note> {
     notes
 }
 
-/// The stride, dilation and paddings of `g` as cuDNN takes them: the zeros after each
-/// spatial dimension are the fewest that give `g`'s output size (PyTorch's `"same"` puts an
-/// odd total's extra zero there).
+/// The stride, dilation and paddings of `g` as cuDNN takes them.
 fn dims(g: &Geometry) -> ConvolutionDims {
-    let after = |d: usize| {
-        let extent = (g.kernel[d] - 1) * g.dilation[d] + 1;
-        ((g.output[d] - 1) * g.stride[d] + extent).saturating_sub(g.input[d] + g.pad_before[d])
-    };
     let long = |v: [usize; 2]| v.map(|x| x as i64);
     ConvolutionDims {
         stride: long(g.stride),
         dilation: long(g.dilation),
         pad_before: long(g.pad_before),
-        pad_after: long([after(0), after(1)]),
+        pad_after: long(g.pad_after()),
     }
 }
 

@@ -13,8 +13,10 @@
 //! kernels) and its trace lines follow the convolution's own (`mkldnn::verbose`). The bias
 //! is added to the result in its dtype.
 //!
-//! NNPACK is not used: `nnpack::is_available()` is false on every build we ship, and the
-//! trace says why when `nnpack.flags(enabled)` is on.
+//! `mkldnn.enabled` (on by default) gives CPU convolutions to these kernels, as PyTorch gives
+//! them to oneDNN. Off, a CPU convolution takes PyTorch's path without oneDNN: NNPACK
+//! (`conv/nnpack.rs`, loaded at run time) where `nnpack.enabled` is on and PyTorch's rule for
+//! it holds, otherwise the unfolded input times the weight (PyTorch's `slow_conv2d`).
 //!
 //! CUDA tensors (f32, f16, bf16) convolve through cuDNN's backend graph API while
 //! `cudnn.enabled` is on and cuDNN 9 loads (`conv/cudnn.rs`): `cudnn.allow_tf32`,
@@ -33,10 +35,16 @@ mod cudnn;
 mod device;
 pub mod nnpack;
 
+use crate::core::flag::Flag;
 use crate::core::trace::{self, Call};
 use crate::{DType, Device, Error, Result, Tensor};
 
 const OP: &str = "conv2d";
+
+/// `torch.backends.mkldnn.enabled`: on, CPU convolutions run on the library's own
+/// convolution kernels (implicit GEMM, direct depthwise), as PyTorch's run on oneDNN; off,
+/// on NNPACK where [`nnpack::refusal`] allows, else unfolded into GEMMs.
+pub static MKLDNN_ENABLED: Flag<bool> = Flag::new("mkldnn.enabled", true, None);
 
 /// How a convolution pads its input (PyTorch's `padding`), for `D` spatial dimensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +153,17 @@ impl Geometry {
     /// Output pixels per image.
     pub fn pixels(&self) -> usize {
         self.output[0] * self.output[1]
+    }
+
+    /// The zeros after each spatial dimension, for a library that takes them (cuDNN, NNPACK):
+    /// the fewest that give the output's size (PyTorch's `"same"` puts an odd total's extra
+    /// zero there; explicit padding whose last zeros no patch reaches loses them).
+    pub fn pad_after(&self) -> [usize; 2] {
+        [0, 1].map(|d| {
+            let extent = (self.kernel[d] - 1) * self.dilation[d] + 1;
+            ((self.output[d] - 1) * self.stride[d] + extent)
+                .saturating_sub(self.input[d] + self.pad_before[d])
+        })
     }
 
     /// Whether the unfolded input is the input itself (1×1, unit stride, no padding).
@@ -361,27 +380,32 @@ pub struct ConvChoice {
     /// read in place where [`Geometry::reads_shifted_rows`] says so), `implicit gemm` (CPU,
     /// one group: B's rows read in place from padded phase planes of the input, see
     /// [`Geometry::reads_shifted_rows`]; CUDA's generated kernels: B's tiles read from the
-    /// input as they are loaded), `im2col+gemm`, or `cudnn graph` (cuDNN's engine).
+    /// input as they are loaded), `im2col+gemm`, `nnpack` (CPU, NNPACK's convolution), or
+    /// `cudnn graph` (cuDNN's engine).
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
     pub precision: String,
     /// How cuDNN chooses its engine (on CUDA), or why the vendor libraries (NNPACK on the
-    /// CPU, cuDNN on CUDA) did not run.
+    /// CPU, cuDNN on CUDA) did not run; NNPACK's algorithm where it runs.
     pub libraries: String,
 }
 
 /// The choice [`conv2d`] makes for these operands (checked as `conv2d` checks them),
 /// without running it.
 pub fn explain(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<ConvChoice> {
-    Ok(plan(input, weight, options)?.1)
+    Ok(plan(input, weight, options)?.choice)
+}
+
+/// A checked batched call and how it runs.
+struct Plan {
+    geometry: Geometry,
+    choice: ConvChoice,
+    /// On the CPU: whether the library's own convolution kernels may run ([`MKLDNN_ENABLED`]).
+    library_kernels: bool,
 }
 
 /// The checked geometry of a batched call and its choice.
-fn plan(
-    input: &Tensor,
-    weight: &Tensor,
-    options: &Conv2dOptions,
-) -> Result<(Geometry, ConvChoice)> {
+fn plan(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Plan> {
     check_operands(input, weight, options.bias)?;
     if input.shape().len() == 3 {
         return plan(&input.unsqueeze(0)?, weight, options);
@@ -396,16 +420,21 @@ fn plan(
             bias.shape()
         )));
     }
-    let device = input.device();
+    let (device, dtype) = (input.device(), input.dtype());
+    let library_kernels = MKLDNN_ENABLED.get();
+    let cpu = device == Device::Cpu;
+    // On the CPU with mkldnn off: why NNPACK does not run, or None where it does.
+    let nnpack = (cpu && !library_kernels).then(|| nnpack::refusal(&g, dtype));
+    let own = cpu && library_kernels;
     let lowering = if cudnn_serves(device) {
         CUDNN
-    } else if device == Device::Cpu && g.group_channels() == 1 && g.groups > 1 {
+    } else if nnpack == Some(None) {
+        NNPACK
+    } else if own && g.group_channels() == 1 && g.groups > 1 {
         "direct depthwise"
-    } else if g.is_pointwise() && (device != Device::Cpu || g.groups == 1) {
+    } else if g.is_pointwise() && (!cpu || g.groups == 1) {
         "gemm"
-    } else if device == Device::Cpu && g.reads_shifted_rows(input.dtype())
-        || matches!(device, Device::Cuda(_))
-    {
+    } else if own && g.reads_shifted_rows(dtype) || matches!(device, Device::Cuda(_)) {
         "implicit gemm"
     } else {
         "im2col+gemm"
@@ -417,7 +446,8 @@ fn plan(
             device => format!("{device}/generated"),
         },
         lowering,
-        precision: match (device, input.dtype()) {
+        precision: match (device, dtype) {
+            _ if lowering == NNPACK => "f32 in NNPACK's Fourier or Winograd tiles".into(),
             (Device::Cpu | Device::Wgpu(_), DType::F32) => {
                 let mode = crate::core::precision::matmul::fp32_precision_effective();
                 format!("{mode} (matmul's fp32_precision)")
@@ -425,12 +455,20 @@ fn plan(
             (Device::Cuda(_), DType::F32) => device::precision_note(device, input.dtype()),
             (_, dtype) => format!("{dtype} inputs, f32 accumulation"),
         },
-        libraries: match device {
-            Device::Cpu => nnpack_note(),
-            device => cudnn_note(device),
+        libraries: match (device, nnpack) {
+            (Device::Cpu, None) => "nnpack not tried: mkldnn.enabled gives CPU convolutions to \
+                                    the library's kernels"
+                .into(),
+            (Device::Cpu, Some(None)) => "nnpack, its algorithm chosen by the sizes".into(),
+            (Device::Cpu, Some(Some(refusal))) => refusal.into(),
+            (device, _) => cudnn_note(device),
         },
     };
-    Ok((g, choice))
+    Ok(Plan {
+        geometry: g,
+        choice,
+        library_kernels,
+    })
 }
 
 /// `torch.nn.functional.conv2d(input, weight, bias, stride, padding, dilation, groups)`:
@@ -442,7 +480,11 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
         let batched = conv2d(&input.unsqueeze(0)?, weight, options)?;
         return batched.squeeze(0);
     }
-    let (g, choice) = plan(input, weight, options)?;
+    let Plan {
+        geometry: g,
+        choice,
+        library_kernels,
+    } = plan(input, weight, options)?;
     let device = input.device();
     let describe = || Call {
         kernel: "conv2d".into(),
@@ -463,7 +505,8 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
         precision: format!("{}, {}", choice.precision, choice.libraries),
     };
     trace::kernel(describe, || match device {
-        Device::Cpu => cpu::conv2d(input, weight, options.bias, &g),
+        Device::Cpu if choice.lowering == NNPACK => nnpack::conv2d(input, weight, options.bias, &g),
+        Device::Cpu => cpu::conv2d(input, weight, options.bias, &g, library_kernels),
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) if choice.lowering == CUDNN => {
             cudnn::conv2d(ordinal, input, weight, options.bias, &g)
@@ -474,6 +517,9 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
 
 /// The lowering of a convolution cuDNN runs.
 const CUDNN: &str = "cudnn graph";
+
+/// The lowering of a convolution NNPACK runs.
+const NNPACK: &str = "nnpack";
 
 /// Whether cuDNN convolves on `device`: a CUDA device of the driver (not the interpreter),
 /// `cudnn.enabled` on and cuDNN 9 loadable, in a build with the `cuda` feature.
@@ -506,17 +552,6 @@ fn cudnn_note(device: Device) -> String {
         }
         Device::Cuda(_) => "cudnn 9 not loadable: generated kernels".into(),
         _ => "no cudnn on wgpu".into(),
-    }
-}
-
-/// Why NNPACK did not run, for the trace.
-fn nnpack_note() -> String {
-    if !nnpack::enabled() {
-        "nnpack off (nnpack.flags)".into()
-    } else if nnpack::is_available() {
-        "nnpack loadable but not used: its convolution is not wired in".into()
-    } else {
-        "nnpack not loadable here".into()
     }
 }
 
