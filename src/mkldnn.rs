@@ -57,9 +57,7 @@ pub fn enabled() -> bool {
 
 /// Sets [`enabled`]; returns the previous setting.
 pub fn set_flags(enabled: bool) -> bool {
-    let previous = ENABLED.global();
-    ENABLED.set(enabled);
-    previous
+    ENABLED.replace(enabled)
 }
 
 /// Sets [`enabled`] until the guard drops.

@@ -9,9 +9,7 @@ use crate::runtime::dylib;
 
 /// Sets whether NNPACK may be used; returns the previous setting.
 pub fn set_flags(enabled: bool) -> bool {
-    let previous = ENABLED.global();
-    ENABLED.set(enabled);
-    previous
+    ENABLED.replace(enabled)
 }
 
 /// Sets whether NNPACK may be used until the guard drops.

@@ -184,6 +184,13 @@ impl<T: FlagValue> Flag<T> {
         self.raw.source.store(SOURCE_SET, Relaxed);
     }
 
+    /// Sets the process-wide value and returns the one it replaced (PyTorch's `set_flags`).
+    pub fn replace(&'static self, value: T) -> T {
+        let previous = self.global();
+        self.set(value);
+        previous
+    }
+
     /// Where the process-wide value came from.
     pub fn source(&'static self) -> FlagSource {
         self.ensure_init();
@@ -431,6 +438,8 @@ mod tests {
         assert_eq!(F.source(), FlagSource::Default);
         F.set(4);
         assert_eq!((F.get(), F.source()), (4, FlagSource::Set));
+        assert_eq!(F.replace(5), 4);
+        assert_eq!(F.get(), 5);
     }
 
     #[test]
