@@ -215,6 +215,7 @@ def torch_conv(dtype, n, c, hw, o, k, stride, pad, groups):
 
 for name, dtype, n, c, hw, o, k, stride, pad, groups in (
         ("f32", "float32", 1, 64, 56, 64, 3, 1, 1, 1),
+        ("f32", "float32", 16, 64, 56, 64, 3, 1, 1, 1),
         ("f32", "float32", 1, 256, 14, 256, 3, 1, 1, 1),
         ("f32", "float32", 1, 3, 224, 64, 7, 2, 3, 1),
         ("f32", "float32", 1, 256, 56, 64, 1, 1, 0, 1),
