@@ -386,7 +386,7 @@ pub struct ConvChoice {
     /// How the GEMMs treat fp32 inputs, and which flag says so.
     pub precision: String,
     /// How cuDNN chooses its engine (on CUDA), or why the vendor libraries (NNPACK on the
-    /// CPU, cuDNN on CUDA) did not run; NNPACK's algorithm where it runs.
+    /// CPU, cuDNN on CUDA) did not run; on the CPU, whether NNPACK was asked at all.
     pub libraries: String,
 }
 
