@@ -6,7 +6,7 @@
 
 use half::{bf16, f16};
 
-use super::Geometry;
+use super::{Geometry, Lowering};
 use crate::core::tensor::{Element, host_zeros};
 use crate::core::trace::{self, Call};
 use crate::kernels::gemm::{self, MatView, Rounding};
@@ -16,15 +16,13 @@ use crate::{DType, Device, Result, Tensor, matmul};
 /// many (at least one image), which bounds the extra memory to a few tens of MB.
 const UNFOLD_CHUNK: usize = 1 << 21;
 
-/// `library_kernels` ([`super::MKLDNN_ENABLED`]): whether the implicit GEMM and the direct
-/// depthwise kernel may run; otherwise every group of each image is unfolded (except where
-/// the input already is the unfolded input).
+/// Runs the CPU `lowering` [`super::plan`] chose (NNPACK's runs in [`super::nnpack`]).
 pub(crate) fn conv2d(
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
-    library_kernels: bool,
+    lowering: Lowering,
 ) -> Result<Tensor> {
     let run = match input.dtype() {
         DType::F32 => run::<f32>,
@@ -33,7 +31,7 @@ pub(crate) fn conv2d(
         DType::Bf16 => run::<bf16>,
         DType::Bool | DType::I32 => unreachable!("conv2d refuses non-floats"),
     };
-    run(input, weight, bias, g, library_kernels)
+    run(input, weight, bias, g, lowering)
 }
 
 fn run<T: Element>(
@@ -41,11 +39,15 @@ fn run<T: Element>(
     weight: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
-    library_kernels: bool,
+    lowering: Lowering,
 ) -> Result<Tensor> {
     let (n, o, p) = (g.batch, g.out_channels, g.pixels());
     let out_shape = [n, o, g.output[0], g.output[1]];
-    if library_kernels && g.reads_shifted_rows(T::DTYPE) {
+    if let Lowering::ImplicitGemm
+    | Lowering::Gemm {
+        rows_in_place: true,
+    } = lowering
+    {
         let out = implicit::<T>(input, weight, bias, g)?;
         return Tensor::from_vec(out, &out_shape, Device::Cpu);
     }
@@ -54,12 +56,12 @@ fn run<T: Element>(
     let w = weight
         .contiguous()?
         .view(&[g.groups, g.group_out_channels(), kg])?;
-    let mut out = if library_kernels && g.group_channels() == 1 && g.groups > 1 {
+    let mut out = if lowering == Lowering::DirectDepthwise {
         match T::DTYPE {
             DType::F64 => depthwise::<T, f64>(input, weight, g, T::to_f64, T::from_f64)?,
             _ => depthwise::<T, f32>(input, weight, g, T::to_f32, T::from_f32)?,
         }
-    } else if g.is_pointwise() && g.groups == 1 {
+    } else if let Lowering::Gemm { .. } = lowering {
         // The input [N, C, H·W] is the right side as it stands (no unfolding).
         let x = input.contiguous()?.view(&[n, g.channels, p])?;
         matmul(&w.view(&[o, kg])?, &x)?.into_vec::<T>()?

@@ -6,7 +6,7 @@
 //! bias kernel adds the bias in place. On CUDA the GEMMs' fp32 mode follows
 //! `cudnn.allow_tf32` (as PyTorch's convolutions do), not matmul's flag.
 
-use super::Geometry;
+use super::{Geometry, Lowering};
 use crate::core::tensor::Storage;
 use crate::kernels::{BiasAddKey, Elem, Im2colKey, KernelKey};
 use crate::runtime::cuda::launch::Kernel;
@@ -47,25 +47,26 @@ pub(crate) fn precision_note(device: Device, dtype: DType) -> String {
     }
 }
 
+/// Runs the `lowering` [`super::plan`] chose on wgpu (`gemm`, `im2col+gemm`) or CUDA (`gemm`,
+/// `implicit gemm`).
 pub(crate) fn conv2d(
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     g: &Geometry,
+    lowering: Lowering,
 ) -> Result<Tensor> {
     if crate::ops::convert::is_wgpu_bf16(input) {
         use crate::ops::convert::{from_f32, widened};
         let wide = |t: &Tensor| widened("conv2d", t);
         let bias = bias.map(wide).transpose()?;
-        let result = conv2d(&wide(input)?, &wide(weight)?, bias.as_ref(), g)?;
+        let result = conv2d(&wide(input)?, &wide(weight)?, bias.as_ref(), g, lowering)?;
         return from_f32("conv2d", &result, DType::Bf16);
     }
     let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
     let device = input.device();
     let w = weight.contiguous()?;
-    if let Device::Cuda(ordinal) = device
-        && !g.is_pointwise()
-    {
+    if let (Device::Cuda(ordinal), Lowering::ImplicitGemm) = (device, lowering) {
         let sizes = crate::ops::matmul::ConvGemm {
             images: n,
             groups: g.groups,
@@ -93,7 +94,7 @@ pub(crate) fn conv2d(
         }
         return product.view(&[n, o, g.output[0], g.output[1]]);
     }
-    let cols = if g.is_pointwise() {
+    let cols = if let Lowering::Gemm { .. } = lowering {
         input.contiguous()?.view(&[n * g.groups, kg, p])?
     } else {
         unfold(&input.contiguous()?, g)?

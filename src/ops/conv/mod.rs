@@ -400,8 +400,41 @@ pub fn explain(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resu
 struct Plan {
     geometry: Geometry,
     choice: ConvChoice,
-    /// On the CPU: whether the library's own convolution kernels may run ([`MKLDNN_ENABLED`]).
-    library_kernels: bool,
+    lowering: Lowering,
+}
+
+/// How a convolution is computed: [`plan`] decides it once, and the backend that runs it
+/// follows it ([`ConvChoice::lowering`] is its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lowering {
+    /// The CPU's direct kernel for one input channel per group.
+    DirectDepthwise,
+    /// 1×1 kernels, unit stride, no padding: the input is B as it stands. `rows_in_place`:
+    /// the CPU's implicit GEMM reads B's rows from the input ([`Geometry::reads_shifted_rows`])
+    /// instead of `matmul` packing them.
+    Gemm { rows_in_place: bool },
+    /// B read from the input as the GEMM goes: the CPU's shifted rows of phase planes, or
+    /// CUDA's generated kernels loading B's tiles.
+    ImplicitGemm,
+    /// The input unfolded into B, then `matmul`.
+    Im2colGemm,
+    /// NNPACK's convolution (CPU).
+    Nnpack,
+    /// cuDNN's engine (CUDA).
+    Cudnn,
+}
+
+impl Lowering {
+    fn name(self) -> &'static str {
+        match self {
+            Lowering::DirectDepthwise => "direct depthwise",
+            Lowering::Gemm { .. } => "gemm",
+            Lowering::ImplicitGemm => "implicit gemm",
+            Lowering::Im2colGemm => "im2col+gemm",
+            Lowering::Nnpack => "nnpack",
+            Lowering::Cudnn => "cudnn graph",
+        }
+    }
 }
 
 /// The checked geometry of a batched call and its choice.
@@ -426,28 +459,31 @@ fn plan(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Plan
     // On the CPU with mkldnn off: why NNPACK does not run, or None where it does.
     let nnpack = (cpu && !library_kernels).then(|| nnpack::refusal(&g, dtype));
     let own = cpu && library_kernels;
+    let in_place = own && g.reads_shifted_rows(dtype);
     let lowering = if cudnn_serves(device) {
-        CUDNN
+        Lowering::Cudnn
     } else if nnpack == Some(None) {
-        NNPACK
+        Lowering::Nnpack
     } else if own && g.group_channels() == 1 && g.groups > 1 {
-        "direct depthwise"
+        Lowering::DirectDepthwise
     } else if g.is_pointwise() && (!cpu || g.groups == 1) {
-        "gemm"
-    } else if own && g.reads_shifted_rows(dtype) || matches!(device, Device::Cuda(_)) {
-        "implicit gemm"
+        Lowering::Gemm {
+            rows_in_place: in_place,
+        }
+    } else if in_place || matches!(device, Device::Cuda(_)) {
+        Lowering::ImplicitGemm
     } else {
-        "im2col+gemm"
+        Lowering::Im2colGemm
     };
     let choice = ConvChoice {
         backend: match device {
             Device::Cpu => "cpu".into(),
-            device if lowering == CUDNN => format!("{device}/cudnn"),
+            device if lowering == Lowering::Cudnn => format!("{device}/cudnn"),
             device => format!("{device}/generated"),
         },
-        lowering,
+        lowering: lowering.name(),
         precision: match (device, dtype) {
-            _ if lowering == NNPACK => "f32 in NNPACK's Fourier or Winograd tiles".into(),
+            _ if lowering == Lowering::Nnpack => "f32 in NNPACK's Fourier or Winograd tiles".into(),
             (Device::Cpu | Device::Wgpu(_), DType::F32) => {
                 let mode = crate::core::precision::matmul::fp32_precision_effective();
                 format!("{mode} (matmul's fp32_precision)")
@@ -467,7 +503,7 @@ fn plan(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Plan
     Ok(Plan {
         geometry: g,
         choice,
-        library_kernels,
+        lowering,
     })
 }
 
@@ -483,7 +519,7 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
     let Plan {
         geometry: g,
         choice,
-        library_kernels,
+        lowering,
     } = plan(input, weight, options)?;
     let device = input.device();
     let describe = || Call {
@@ -504,22 +540,16 @@ pub fn conv2d(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Resul
         ),
         precision: format!("{}, {}", choice.precision, choice.libraries),
     };
-    trace::kernel(describe, || match device {
-        Device::Cpu if choice.lowering == NNPACK => nnpack::conv2d(input, weight, options.bias, &g),
-        Device::Cpu => cpu::conv2d(input, weight, options.bias, &g, library_kernels),
+    trace::kernel(describe, || match (device, lowering) {
+        (Device::Cpu, Lowering::Nnpack) => nnpack::conv2d(input, weight, options.bias, &g),
+        (Device::Cpu, _) => cpu::conv2d(input, weight, options.bias, &g, lowering),
         #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) if choice.lowering == CUDNN => {
+        (Device::Cuda(ordinal), Lowering::Cudnn) => {
             cudnn::conv2d(ordinal, input, weight, options.bias, &g)
         }
-        _ => device::conv2d(input, weight, options.bias, &g),
+        _ => device::conv2d(input, weight, options.bias, &g, lowering),
     })
 }
-
-/// The lowering of a convolution cuDNN runs.
-const CUDNN: &str = "cudnn graph";
-
-/// The lowering of a convolution NNPACK runs.
-const NNPACK: &str = "nnpack";
 
 /// Whether cuDNN convolves on `device`: a CUDA device of the driver (not the interpreter),
 /// `cudnn.enabled` on and cuDNN 9 loadable, in a build with the `cuda` feature.
