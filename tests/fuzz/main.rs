@@ -30,7 +30,7 @@ use borrow::borrow_case;
 use common::{attention_reference, in_child, rel_err, window_hides};
 use linalg::linalg_case;
 use products::{einsum_case, linear_case, matmul_case};
-use signal::{conv_case, fft_case};
+use signal::{CONV_LOWERINGS, conv_case, fft_case};
 use views::{Dense, construction_and_views, fits, laid_out, views_case};
 
 /// Seeds whose cases once failed; they run first, every time, in every case. The
@@ -257,6 +257,15 @@ fn every_entry_point_gives_a_typed_error_or_the_reference() {
         assert!(
             checked > 0,
             "{what}: no result was compared with a reference"
+        );
+    }
+    // conv2d's results were checked on each CPU lowering (NNPACK's takes batches of 16).
+    let lowerings = CONV_LOWERINGS.lock().unwrap().clone();
+    eprintln!("conv2d results compared, by lowering: {lowerings:?}");
+    for lowering in ["direct depthwise", "gemm", "implicit gemm", "im2col+gemm"] {
+        assert!(
+            lowerings.contains_key(lowering),
+            "conv2d: no result of the {lowering} lowering was compared ({lowerings:?})"
         );
     }
 }

@@ -1,6 +1,14 @@
 //! The fuzz cases of fft and conv2d.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use super::*;
+
+/// How many results of each CPU lowering ([`backends::conv::ConvChoice::lowering`]) the
+/// conv2d case compared with the reference.
+pub(super) static CONV_LOWERINGS: Mutex<BTreeMap<&'static str, usize>> =
+    Mutex::new(BTreeMap::new());
 
 pub(super) fn fft_case(rng: &mut Rng) -> Result<(), String> {
     let rank = 1 + rng.below(3);
@@ -177,26 +185,59 @@ fn direct_dft(v: &[(f64, f64)], shape: &[usize], axis: usize, inverse: bool) -> 
 pub(super) fn conv_case(rng: &mut Rng) -> Result<(), String> {
     use backends::conv::{Conv2dOptions, Padding};
     use common::conv::{Case as ConvCase, reference};
-    let groups = [1, 1, 2, 3, 0][rng.below(5)];
-    let per_group = [rng.dim(3), rng.dim(3)];
+    // Wide, low images (8 to 64 columns) with valid options reach the CPU's implicit GEMM
+    // (the columns it computes past each output row at most a fifth of the row's) and its
+    // in-place pointwise GEMM (196 output pixels or more); the others are small in every
+    // dimension, with any option.
+    let wide = rng.chance(40);
+    let groups = if wide {
+        [1, 1, 1, 2][rng.below(4)]
+    } else {
+        [1, 1, 2, 3, 0][rng.below(5)]
+    };
+    let per_group = if wide {
+        [1 + rng.below(3), 1 + rng.below(3)]
+    } else {
+        [rng.dim(3), rng.dim(3)]
+    };
     let (c, o) = (
         per_group[0].saturating_mul(groups.max(1)),
         per_group[1].saturating_mul(groups.max(1)),
     );
-    let (n, hw, k) = (
-        rng.dim(2),
-        [rng.dim(7), rng.dim(7)],
-        [rng.dim(4), rng.dim(4)],
-    );
-    let small = |rng: &mut Rng| [0, 1, 1, 2, 3, 1 << 40][rng.below(6)];
+    let (n, hw, k) = if wide {
+        let k = [1, 1, 2, 3, 5][rng.below(5)];
+        (
+            1 + rng.below(2),
+            [1 + rng.below(6), 8 + rng.below(57)],
+            [1 + rng.below(3), k],
+        )
+    } else {
+        (
+            rng.dim(2),
+            [rng.dim(7), rng.dim(7)],
+            [rng.dim(4), rng.dim(4)],
+        )
+    };
+    let small = |rng: &mut Rng| match wide {
+        true => [1, 1, 1, 2, 3][rng.below(5)],
+        false => [0, 1, 1, 2, 3, 1 << 40][rng.below(6)],
+    };
     let stride = [small(rng), small(rng)];
     let dilation = [small(rng), small(rng)];
     let padding = match rng.below(4) {
         0 => Padding::Same,
         1 => Padding::Valid,
+        _ if wide => Padding::Explicit([rng.below(3), rng.below(3)]),
         _ => Padding::Explicit([small(rng).min(3), [0, 1, 2, usize::MAX / 2][rng.below(4)]]),
     };
-    let dt = [DType::F32, DType::F64, DType::F32, DType::Bf16, DType::Bool][rng.below(5)];
+    let dt = [
+        DType::F32,
+        DType::F64,
+        DType::F32,
+        DType::Bf16,
+        DType::F16,
+        DType::Bool,
+    ][rng.below(6)];
     let weight_channels = if rng.chance(90) {
         per_group[0]
     } else {
@@ -209,7 +250,12 @@ pub(super) fn conv_case(rng: &mut Rng) -> Result<(), String> {
     ) else {
         return Ok(());
     };
+    let (x, w) = (laid_out(rng, x, &xh)?, laid_out(rng, w, &wh)?);
     let bias = rng.chance(50);
+    // mkldnn.enabled off: every CPU convolution unfolded (NNPACK takes batches of 16 or more).
+    let _mkldnn = rng
+        .chance(25)
+        .then(|| backends::mkldnn::flags_scoped(false));
     let options = Conv2dOptions {
         bias: bias.then_some(&b),
         stride,
@@ -237,6 +283,9 @@ pub(super) fn conv_case(rng: &mut Rng) -> Result<(), String> {
     let Some(out) = typed(backends::conv2d(&x, &w, &options)) else {
         return Ok(());
     };
+    let lowering = backends::conv::explain(&x, &w, &options)
+        .map_err(|e| format!("explain refused what conv2d ran: {e}"))?
+        .lowering;
     let case = ConvCase {
         n,
         c,
@@ -265,7 +314,13 @@ pub(super) fn conv_case(rng: &mut Rng) -> Result<(), String> {
     let (magnitude, _) = reference(&case, &abs(&xh), &abs(&wh), &abs(&bh));
     compared();
     if !close(&out.to_f64().unwrap(), &want, &magnitude, dt) {
-        return Err(format!("{dt} {case:?}: wrong values"));
+        return Err(format!("{dt} {case:?} ({lowering}): wrong values"));
     }
+    CONV_LOWERINGS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(lowering)
+        .and_modify(|count| *count += 1)
+        .or_insert(1);
     Ok(())
 }
