@@ -727,6 +727,41 @@ fn the_generated_wgpu_kernels_match_the_direct_convolution() {
         assert!(err < bound(DType::F32), "wgpu {case:?}: {err:e}");
     }
     assert_eq!(check_on(&Case { n: 0, ..BASE }, DType::F32, device), 0.0);
+    // matmul's fp32 precision, emulated by rounding the inputs: TF32 coarser than IEEE, bf16
+    // coarser still, each kernel named in the trace.
+    let _emulate = backends::EMULATE_REDUCED_PRECISION.guard_scoped(true);
+    let case = Case {
+        c: 16,
+        o: 8,
+        hw: [12, 12],
+        ..BASE
+    };
+    let run = |level| {
+        let _level = backends::float32_matmul_precision_scoped(level);
+        let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
+        let capture = backends::TraceCapture::start();
+        let err = check_on(&case, DType::F32, device);
+        (err, capture.take().join("\n"))
+    };
+    use backends::Float32MatmulPrecision::{High, Highest, Medium};
+    let [(ieee, ieee_trace), (tf32, tf32_trace), (bf16, bf16_trace)] =
+        [Highest, High, Medium].map(run);
+    assert!(ieee < 1e-5, "{ieee}");
+    assert!(
+        tf32 > 10.0 * ieee && tf32 < 1e-3,
+        "tf32 {tf32} vs ieee {ieee}"
+    );
+    assert!(
+        bf16 > 2.0 * tf32 && bf16 < 1e-2,
+        "bf16 {bf16} vs tf32 {tf32}"
+    );
+    for (trace, kernel) in [
+        (ieee_trace, "conv_gemm_f32_ieee"),
+        (tf32_trace, "conv_gemm_f32_tf32"),
+        (bf16_trace, "conv_gemm_f32_bf16"),
+    ] {
+        assert!(trace.contains(kernel), "{kernel}: {trace}");
+    }
     let _v = backends::mkldnn::verbose_scoped(backends::mkldnn::VERBOSE_ON).unwrap();
     let capture = backends::TraceCapture::start();
     check_on(&BASE, DType::F32, device);
@@ -734,7 +769,7 @@ fn the_generated_wgpu_kernels_match_the_direct_convolution() {
     assert!(
         lines
             .iter()
-            .any(|l| l.contains("generated im2col+gemm,conv2d,f32")),
+            .any(|l| l.contains("generated implicit gemm,conv2d,f32")),
         "{lines:?}"
     );
     let half = Tensor::from_f64(&random(2 * 3 * 5 * 5), &[2, 3, 5, 5], DType::F16, device).unwrap();

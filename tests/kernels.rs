@@ -229,9 +229,6 @@ fn documented_params(key: KernelKey) -> Vec<PtxParam> {
         Family::Triangle => [n(B64, 5), n(B32, 2)].concat(),
         // src, dst; n, offset; 8 sizes; 8 strides.
         Family::StridedCopy => [n(B64, 2), n(B64, 18)].concat(),
-        // src, dst; n, offset, height, width, out_h, out_w; kh, kw, 2 strides, 2 pads,
-        // 2 dilations.
-        Family::Im2col => [n(B64, 8), n(B32, 8)].concat(),
         // x, bias; n, inner, channels.
         Family::BiasAdd => n(B64, 5),
         // partial, partial_lse, out, lse; B, H, Lq, Dv, S; 4 partial strides, 4 lse

@@ -594,6 +594,24 @@ fn wgpu_f32_matches_the_f64_reference() {
     }
 }
 
+/// A product needing more workgroups along a dimension than the adapter takes (here over
+/// 4 million columns: 65,536 tiles of 64) is a typed error, not wgpu's validation panic.
+/// (A batch of more than 65,535 runs in several dispatches; on lavapipe that takes about 18 s
+/// for 70,000 tiny products, too long for this suite.)
+#[test]
+fn wgpu_refuses_a_dispatch_larger_than_the_adapter_takes() {
+    let Some(device) = adapter() else { return };
+    let n = 65_536 * 64 + 1;
+    let a = Tensor::from_f64(&[2.0], &[1, 1], DType::F32, device).unwrap();
+    let b = Tensor::from_f64(&vec![1.0; n], &[1, n], DType::F32, device).unwrap();
+    let err = matmul(&a, &b).unwrap_err();
+    assert!(
+        matches!(err, backends::Error::ShapeMismatch { .. })
+            && err.to_string().contains("workgroups"),
+        "{err}"
+    );
+}
+
 #[test]
 fn wgpu_f16_where_the_adapter_has_it() {
     let Some(device) = adapter() else { return };

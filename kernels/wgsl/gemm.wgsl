@@ -7,7 +7,13 @@
 //                  hardware on adapters that have none, and are used only when asked for
 //   const BM, BN, BK  block tile; the workgroup is 16 x 16 invocations, each a (BM/16) x (BN/16)
 //                  patch of C
-// Dispatch: (ceil(N / BN), ceil(M / BM), batch).
+//   const CONV     1: an implicit-GEMM convolution. Batch b is image b / groups, group
+//                  b % groups; A is the weight [groups, M, K] (A's batch is the group's), B the
+//                  input [images, groups · C/g, H, W] (b_batch = C/g · H · W), read as its
+//                  unfolding [C/g · kH · kW, H' · W'] (zero where a tap falls in the padding;
+//                  b_row and b_col unused); C is [images, groups · M, H' · W'].
+// Dispatch: (ceil(N / BN), ceil(M / BM), batches), from batch `batch0` on (a batch larger than a
+// dispatch takes runs in several).
 
 struct Params {
     M: u32, N: u32, K: u32, batch: u32,
@@ -15,7 +21,12 @@ struct Params {
     b_batch: u32, b_row: u32, b_col: u32,
     c_batch: u32, c_row: u32,
     a_offset: u32, b_offset: u32,  // the first element of each operand's view
-    pad0: u32, pad1: u32,
+    batch0: u32, pad1: u32,
+    // CONV only: the groups, the input's height and width, the output's width, the kernel's
+    // height and width, the strides, the zeros before each dimension, the dilations.
+    groups: u32, height: u32, width: u32, out_w: u32, kh: u32, kw: u32,
+    stride_h: u32, stride_w: u32, pad_h: u32, pad_w: u32, dil_h: u32, dil_w: u32,
+    pad2: u32, pad3: u32, pad4: u32, pad5: u32,
 }
 
 @group(0) @binding(0) var<storage, read> A: array<T>;
@@ -45,13 +56,30 @@ fn load_input(x: T) -> f32 {
     return v;
 }
 
+// B's element (k, n) from its batch's first element `base`.
+fn load_b(base: u32, k: u32, n: u32) -> f32 {
+    if (CONV == 0u) { return load_input(B[base + k * p.b_row + n * p.b_col]); }
+    // Input channel k / (kH · kW), tap k % (kH · kW), at output pixel n; the padded input's
+    // row and column (unsigned: the host checks that H and W with their padding fit).
+    let taps = p.kh * p.kw;
+    let channel = k / taps;
+    let tap = k % taps;
+    let y = n / p.out_w * p.stride_h + tap / p.kw * p.dil_h;
+    let x = n % p.out_w * p.stride_w + tap % p.kw * p.dil_w;
+    if (y < p.pad_h || y - p.pad_h >= p.height || x < p.pad_w || x - p.pad_w >= p.width) {
+        return 0.0;
+    }
+    return load_input(B[base + (channel * p.height + y - p.pad_h) * p.width + x - p.pad_w]);
+}
+
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
         @builtin(local_invocation_index) tid: u32) {
-    let b = wg.z;
+    let b = p.batch0 + wg.z;
     let m0 = wg.y * BM;
     let n0 = wg.x * BN;
-    let a_base = p.a_offset + b * p.a_batch;
+    var a_base = p.a_offset + b * p.a_batch;
+    if (CONV == 1u) { a_base = p.a_offset + b % p.groups * p.a_batch; }
     let b_base = p.b_offset + b * p.b_batch;
     var acc: array<array<f32, TN>, TM>;
     for (var k0 = 0u; k0 < p.K; k0 += BK) {
@@ -69,7 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let c = e % BN;
             var v = 0.0;
             if (k0 + r < p.K && n0 + c < p.N) {
-                v = load_input(B[b_base + (k0 + r) * p.b_row + (n0 + c) * p.b_col]);
+                v = load_b(b_base, k0 + r, n0 + c);
             }
             Bs[e] = v;
         }

@@ -171,14 +171,6 @@ pub struct StridedCopyKey {
     pub elem: Elem,
 }
 
-/// A convolution's input unfolded for its GEMM (elements moved as words of the element's
-/// size).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Im2colKey {
-    /// An element type of the size moved.
-    pub elem: Elem,
-}
-
 /// A per-channel bias added in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BiasAddKey {
@@ -221,8 +213,6 @@ pub enum Family {
     MaskedSoftmax,
     /// Strided views made contiguous.
     StridedCopy,
-    /// Convolution inputs unfolded (im2col).
-    Im2col,
     /// Per-channel bias additions.
     BiasAdd,
     /// Split-KV attention's combine step.
@@ -235,7 +225,7 @@ pub enum Family {
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 11] = [
         Family::Gemm,
         Family::SplitKReduce,
         Family::FlashFwd,
@@ -243,7 +233,6 @@ impl Family {
         Family::Scale,
         Family::MaskedSoftmax,
         Family::StridedCopy,
-        Family::Im2col,
         Family::BiasAdd,
         Family::AttentionCombine,
         Family::Convert,
@@ -260,7 +249,6 @@ impl Family {
             Family::Scale => "scale",
             Family::MaskedSoftmax => "masked_softmax",
             Family::StridedCopy => "strided_copy",
-            Family::Im2col => "im2col",
             Family::BiasAdd => "bias_add",
             Family::AttentionCombine => "attention_combine",
             Family::Convert => "convert",
@@ -276,7 +264,6 @@ impl Family {
             Family::FlashFwd | Family::MemEffFwd => Some("attention_fwd"),
             Family::MaskedSoftmax => Some("masked_softmax"),
             Family::StridedCopy => Some("strided_copy"),
-            Family::Im2col => Some("im2col"),
             Family::BiasAdd => Some("bias_add"),
             Family::AttentionCombine => Some("attention_combine"),
             Family::Convert => Some("convert"),
@@ -318,8 +305,6 @@ pub enum KernelKey {
     MaskedSoftmax(MaskedSoftmaxKey),
     /// A strided view made contiguous.
     StridedCopy(StridedCopyKey),
-    /// A convolution input unfolded.
-    Im2col(Im2colKey),
     /// A per-channel bias added.
     BiasAdd(BiasAddKey),
     /// Split-KV partial results combined.
@@ -341,7 +326,6 @@ impl KernelKey {
             KernelKey::Scale(_) => Family::Scale,
             KernelKey::MaskedSoftmax(_) => Family::MaskedSoftmax,
             KernelKey::StridedCopy(_) => Family::StridedCopy,
-            KernelKey::Im2col(_) => Family::Im2col,
             KernelKey::BiasAdd(_) => Family::BiasAdd,
             KernelKey::AttentionCombine(_) => Family::AttentionCombine,
             KernelKey::Convert(_) => Family::Convert,
@@ -384,9 +368,6 @@ impl KernelKey {
                 "KernelKey::StridedCopy(StridedCopyKey {{ elem: {} }})",
                 elem(k.elem)
             ),
-            KernelKey::Im2col(k) => {
-                format!("KernelKey::Im2col(Im2colKey {{ elem: {} }})", elem(k.elem))
-            }
             KernelKey::BiasAdd(k) => {
                 format!(
                     "KernelKey::BiasAdd(BiasAddKey {{ elem: {} }})",

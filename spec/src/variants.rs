@@ -112,10 +112,15 @@ fn gemm(elem: Elem, math: GemmMath, acc_f16: bool, partials: Elem, wgsl: bool) -
     gemm_of(elem, math, acc_f16, partials, false, wgsl)
 }
 
-/// The implicit-GEMM convolution of `elem` under `math` (CUDA only: f32 accumulators and
-/// partials, as cuDNN's convolutions keep them whatever matmul's reduced-precision flags say).
-fn conv_gemm(elem: Elem, math: GemmMath) -> Variant {
-    gemm_of(elem, math, false, Elem::F32, true, false)
+/// The implicit-GEMM convolution of `elem` under `math` (f32 accumulators and partials, as
+/// cuDNN's convolutions keep them whatever matmul's reduced-precision flags say), on CUDA
+/// where `cuda` says, in WGSL too where `wgsl` says.
+fn conv_gemm(elem: Elem, math: GemmMath, cuda: bool, wgsl: bool) -> Variant {
+    let variant = gemm_of(elem, math, false, Elem::F32, true, wgsl);
+    Variant {
+        cuda: variant.cuda.filter(|_| cuda),
+        ..variant
+    }
 }
 
 fn gemm_of(
@@ -168,6 +173,7 @@ fn gemm_of(
             WgslDecl::Const("BM", 64),
             WgslDecl::Const("BN", 64),
             WgslDecl::Const("BK", 16),
+            WgslDecl::Const("CONV", u32::from(conv)),
         ],
         launch: Launch {
             threads: [16, 16, 1],
@@ -276,39 +282,17 @@ fn masked_softmax(elem: Elem, mask: MaskKind) -> Variant {
     }
 }
 
+/// The strided copy, which moves elements as opaque words of `elem`'s size: one element per
+/// thread, 256 threads per block; WGSL moves 32-bit words only.
 fn strided_copy(elem: Elem) -> Variant {
-    word_mover(
-        KernelKey::StridedCopy(StridedCopyKey { elem }),
-        format!("strided_copy_{}", elem.name()),
-        elem,
-    )
-}
-
-/// The im2col kernel of wgpu's convolutions (4-byte words; CUDA convolves as an implicit
-/// GEMM instead).
-fn im2col() -> Variant {
-    Variant {
-        cuda: None,
-        ..word_mover(
-            KernelKey::Im2col(Im2colKey { elem: Elem::F32 }),
-            "im2col_f32".into(),
-            Elem::F32,
-        )
-    }
-}
-
-/// A kernel that moves elements as opaque words of `elem`'s size (a gather: the strided
-/// copy, wgpu's im2col): one element per thread, 256 threads per block; WGSL moves 32-bit words
-/// only.
-fn word_mover(key: KernelKey, name: String, elem: Elem) -> Variant {
     let word = match elem {
         Elem::F16 | Elem::Bf16 => "unsigned short",
         Elem::F32 => "unsigned int",
         Elem::F64 => "unsigned long long",
     };
     Variant {
-        key,
-        name,
+        key: KernelKey::StridedCopy(StridedCopyKey { elem }),
+        name: format!("strided_copy_{}", elem.name()),
         cuda: Some(CudaSpec {
             defines: vec![("T", word.to_string())],
             launch: ELEMENTWISE,
@@ -517,10 +501,12 @@ pub fn all() -> Vec<Variant> {
         gemm(F16, G::F16, true, F16, false),
         gemm(Bf16, G::Bf16, false, F32, false),
         gemm(Bf16, G::Bf16, false, Bf16, false),
-        conv_gemm(F32, G::Ieee),
-        conv_gemm(F32, G::Tf32),
-        conv_gemm(F16, G::F16),
-        conv_gemm(Bf16, G::Bf16),
+        // wgpu's f32 convolutions follow matmul's fp32_precision, CUDA's cudnn.allow_tf32.
+        conv_gemm(F32, G::Ieee, true, true),
+        conv_gemm(F32, G::Tf32, true, true),
+        conv_gemm(F32, G::Bf16, false, true),
+        conv_gemm(F16, G::F16, true, false),
+        conv_gemm(Bf16, G::Bf16, true, false),
     ];
     for (elem, partials) in [
         (F32, F32),
@@ -539,7 +525,6 @@ pub fn all() -> Vec<Variant> {
     for elem in [F16, F32, F64] {
         v.push(strided_copy(elem));
     }
-    v.push(im2col());
     for elem in [F32, F64, F16, Bf16] {
         v.push(bias_add(elem));
     }

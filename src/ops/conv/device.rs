@@ -1,17 +1,15 @@
-//! The convolution on wgpu and CUDA. On CUDA the generated implicit GEMM
+//! The convolution on wgpu and CUDA: the generated implicit GEMM
 //! ([`crate::ops::matmul::conv_gemm`]) reads each group's unfolded input straight from the
-//! input; on wgpu the generated im2col kernel unfolds the input on the device and `matmul`
-//! multiplies each group's weight with it (the generated GEMMs, batched over images and
-//! groups). Pointwise convolutions multiply the input as it stands on both. The generated
-//! bias kernel adds the bias in place. On CUDA the GEMMs' fp32 mode follows
-//! `cudnn.allow_tf32` (as PyTorch's convolutions do), not matmul's flag.
+//! input, batched over images and groups; pointwise convolutions multiply the input as it
+//! stands (`matmul`). The generated bias kernel adds the bias in place. On CUDA the GEMMs'
+//! fp32 mode follows `cudnn.allow_tf32` (as PyTorch's convolutions do), on wgpu matmul's
+//! flags.
 
 use super::{Geometry, Lowering};
-use crate::core::tensor::Storage;
-use crate::kernels::{BiasAddKey, Elem, Im2colKey, KernelKey};
+use crate::kernels::{BiasAddKey, KernelKey};
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::{grid_dim, long_arg};
-use crate::runtime::wgpu::{WgpuBuffer, u32_arg};
+use crate::runtime::wgpu::u32_arg;
 use crate::{DType, Device, Error, Result, Tensor, matmul};
 
 /// Whether `device` runs a convolution of `dtype`, and if not, why.
@@ -47,8 +45,7 @@ pub(crate) fn precision_note(device: Device, dtype: DType) -> String {
     }
 }
 
-/// Runs the `lowering` [`super::plan`] chose on wgpu (`gemm`, `im2col+gemm`) or CUDA (`gemm`,
-/// `implicit gemm`).
+/// Runs the `lowering` [`super::plan`] chose on wgpu or CUDA (`gemm`, `implicit gemm`).
 pub(crate) fn conv2d(
     input: &Tensor,
     weight: &Tensor,
@@ -66,7 +63,14 @@ pub(crate) fn conv2d(
     let (n, o, p, kg) = (g.batch, g.out_channels, g.pixels(), g.patch_len());
     let device = input.device();
     let w = weight.contiguous()?;
-    if let (Device::Cuda(ordinal), Lowering::ImplicitGemm) = (device, lowering) {
+    let product = if lowering == Lowering::ImplicitGemm {
+        if let Device::Wgpu(_) = device {
+            // The WGSL kernel finds a tap's row and column in the padded input in u32.
+            for ((size, before), after) in g.input.into_iter().zip(g.pad_before).zip(g.pad_after())
+            {
+                u32_arg("conv2d on wgpu", size.saturating_add(before + after))?;
+            }
+        }
         let sizes = crate::ops::matmul::ConvGemm {
             images: n,
             groups: g.groups,
@@ -88,92 +92,37 @@ pub(crate) fn conv2d(
                 g.dilation[1],
             ],
         };
-        let product = crate::ops::matmul::conv_gemm(ordinal, &input.contiguous()?, &w, &sizes)?;
-        if let Some(bias) = bias {
-            add_bias(&product, &bias.contiguous()?, o, p)?;
+        crate::ops::matmul::conv_gemm(&input.contiguous()?, &w, &sizes)?
+    } else {
+        // Pointwise: the input is each group's B as it stands.
+        let cols = input.contiguous()?.view(&[n * g.groups, kg, p])?;
+        let _precision = match device {
+            Device::Cuda(_) => Some(crate::core::precision::matmul::FP32_PRECISION.guard_scoped(
+                if crate::core::cudnn::allow_tf32() {
+                    crate::Fp32Precision::Tf32
+                } else {
+                    crate::Fp32Precision::Ieee
+                },
+            )),
+            _ => None,
+        };
+        if g.groups == 1 {
+            matmul(&w.view(&[o, kg])?, &cols.view(&[n, kg, p])?)?
+        } else {
+            // Each image's groups: [g, O/g, K] x [g, K, P]; the weight repeated per image (it
+            // is small) so that one batched product covers every image and group.
+            let per_group = [g.groups, g.group_out_channels(), kg];
+            let weights = w
+                .view(&[1, per_group[0], per_group[1], per_group[2]])?
+                .expand(&[n, per_group[0], per_group[1], per_group[2]])?
+                .reshape(&[n * g.groups, per_group[1], per_group[2]])?;
+            matmul(&weights, &cols)?
         }
-        return product.view(&[n, o, g.output[0], g.output[1]]);
-    }
-    let cols = if let Lowering::Gemm { .. } = lowering {
-        input.contiguous()?.view(&[n * g.groups, kg, p])?
-    } else {
-        unfold(&input.contiguous()?, g)?
-    };
-    let _precision = match device {
-        Device::Cuda(_) => Some(crate::core::precision::matmul::FP32_PRECISION.guard_scoped(
-            if crate::core::cudnn::allow_tf32() {
-                crate::Fp32Precision::Tf32
-            } else {
-                crate::Fp32Precision::Ieee
-            },
-        )),
-        _ => None,
-    };
-    let product = if g.groups == 1 {
-        matmul(&w.view(&[o, kg])?, &cols.view(&[n, kg, p])?)?
-    } else {
-        // Each image's groups: [g, O/g, K] x [g, K, P]; the weight repeated per image (it is
-        // small) so that one batched product covers every image and group.
-        let per_group = [g.groups, g.group_out_channels(), kg];
-        let weights = w
-            .view(&[1, per_group[0], per_group[1], per_group[2]])?
-            .expand(&[n, per_group[0], per_group[1], per_group[2]])?
-            .reshape(&[n * g.groups, per_group[1], per_group[2]])?;
-        matmul(&weights, &cols)?
     };
     if let Some(bias) = bias {
         add_bias(&product, &bias.contiguous()?, o, p)?;
     }
     product.view(&[n, o, g.output[0], g.output[1]])
-}
-
-/// The unfolded input `[N · groups, C/g · kH · kW, H' · W']` of the contiguous f32 `x` on
-/// wgpu.
-fn unfold(x: &Tensor, g: &Geometry) -> Result<Tensor> {
-    let Device::Wgpu(index) = x.device() else {
-        unreachable!("CUDA convolves as an implicit GEMM, the CPU unfolds on the host")
-    };
-    let rows = g.batch * g.channels * g.kernel[0] * g.kernel[1];
-    let count = rows * g.pixels();
-    let key = KernelKey::Im2col(Im2colKey { elem: Elem::F32 });
-    let entry = crate::kernels::lookup(&key).expect("the im2col kernel is declared");
-    let kernel = entry.wgsl.as_ref().expect("f32 im2col has WGSL");
-    let dispatch = crate::runtime::wgpu::folded_groups("conv2d", count.div_ceil(256))?;
-    let words = [
-        count,
-        x.offset(),
-        g.input[0],
-        g.input[1],
-        g.output[0],
-        g.output[1],
-    ]
-    .into_iter()
-    .chain(g.kernel)
-    .chain(g.stride)
-    .chain(g.pad_before)
-    .chain(g.dilation)
-    .chain([dispatch[0] as usize, 0])
-    .map(|v| u32_arg("conv2d", v))
-    .collect::<Result<Vec<_>>>()?;
-    let gpu = crate::runtime::wgpu::gpu(index)?;
-    let out = WgpuBuffer::output(gpu, count * x.dtype().size())?;
-    let src = x.wgpu_buffer().expect("a wgpu tensor has a buffer");
-    if count > 0 {
-        gpu.run(
-            entry.name,
-            kernel,
-            &[src.raw(), out.raw()],
-            &words,
-            dispatch,
-        )?;
-    }
-    let shape = [g.batch * g.groups, g.patch_len(), g.output[0] * g.output[1]];
-    Ok(Tensor::from_storage(
-        Storage::Device(Box::new(out)),
-        x.dtype(),
-        x.device(),
-        &shape,
-    ))
 }
 
 /// Adds `bias` (`[channels]`) in place to the contiguous `out` (`[.., channels, inner]`).

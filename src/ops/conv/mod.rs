@@ -22,12 +22,11 @@
 //! `cudnn.enabled` is on and cuDNN 9 loads (`conv/cudnn.rs`): `cudnn.allow_tf32`,
 //! `cudnn.deterministic`, `cudnn.benchmark` and `cudnn.benchmark_limit` choose its engine
 //! as in PyTorch. Otherwise, and on wgpu (f32, bf16), the generated kernels convolve on the
-//! device (`conv/device.rs`): on CUDA the generated implicit GEMM reads each group's
-//! unfolded input from the input as it loads its tiles; on wgpu the im2col kernel unfolds
-//! the input and `matmul`'s generated GEMMs multiply each group's weight with it in one
+//! device (`conv/device.rs`): the generated implicit GEMM reads each group's unfolded input
+//! from the input as it loads its tiles (never storing it), all images and groups in one
 //! batched call; the bias kernel adds the bias. On CUDA the fp32 GEMMs follow
 //! `cudnn.allow_tf32` (TF32 by default, as PyTorch's convolutions do) instead of matmul's
-//! flag.
+//! flag; on wgpu matmul's.
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -379,8 +378,9 @@ pub struct ConvChoice {
     /// stride, no padding: the input is B as it stands; on the CPU with one group, its rows
     /// read in place where [`Geometry::reads_shifted_rows`] says so), `implicit gemm` (CPU,
     /// one group: B's rows read in place from padded phase planes of the input, see
-    /// [`Geometry::reads_shifted_rows`]; CUDA's generated kernels: B's tiles read from the
-    /// input as they are loaded), `im2col+gemm`, `nnpack` (CPU, NNPACK's convolution), or
+    /// [`Geometry::reads_shifted_rows`]; CUDA's and wgpu's generated kernels: B's tiles read
+    /// from the input as they are loaded), `im2col+gemm` (CPU), `nnpack` (CPU, NNPACK's
+    /// convolution), or
     /// `cudnn graph` (cuDNN's engine).
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
@@ -414,9 +414,9 @@ pub(crate) enum Lowering {
     /// instead of `matmul` packing them.
     Gemm { rows_in_place: bool },
     /// B read from the input as the GEMM goes: the CPU's shifted rows of phase planes, or
-    /// CUDA's generated kernels loading B's tiles.
+    /// the generated kernels (CUDA, wgpu) loading B's tiles.
     ImplicitGemm,
-    /// The input unfolded into B, then `matmul`.
+    /// The input unfolded into B, then `matmul` (CPU).
     Im2colGemm,
     /// NNPACK's convolution (CPU).
     Nnpack,
@@ -470,7 +470,7 @@ fn plan(input: &Tensor, weight: &Tensor, options: &Conv2dOptions) -> Result<Plan
         Lowering::Gemm {
             rows_in_place: in_place,
         }
-    } else if in_place || matches!(device, Device::Cuda(_)) {
+    } else if in_place || !cpu {
         Lowering::ImplicitGemm
     } else {
         Lowering::Im2colGemm

@@ -8,7 +8,7 @@
 //! `scripts/device-check.sh` takes (generated vs cuBLAS, side by side).
 
 use super::blas::preferred_blas_library;
-use super::{Problem, shapes};
+use super::{ConvGemm, Problem, shapes};
 use crate::core::precision::matmul as flags;
 use crate::runtime::cuda::launch::Kernel;
 use crate::runtime::cuda::memory::CudaBuffer;
@@ -256,29 +256,9 @@ fn generated(
     Ok(())
 }
 
-/// A convolution as its implicit GEMM sees it: one product per image and group.
-pub(crate) struct ConvGemm {
-    pub images: usize,
-    pub groups: usize,
-    /// Each group's output channels (M), the output's pixels (N) and a patch's length,
-    /// `C/g · kH · kW` (K).
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    /// Input elements of one group of one image, `C/g · H · W`.
-    pub group_input: usize,
-    /// gemm.cu's `CONV` arguments after the groups: H, W, W', kH, kW, the strides, the
-    /// padding before each dimension, the dilations.
-    pub args: [usize; 11],
-}
-
-/// A convolution of the contiguous `input` (`[N, C, H, W]`) by the contiguous `weight`
-/// (`[O, C/g, kH, kW]`) on CUDA device `ordinal` as the generated implicit GEMM: one product
-/// of each group's weight with that group's unfolded input per image, the unfolding read
-/// from the input as the kernel loads B's tiles (never stored). fp32 follows
-/// `cudnn.allow_tf32` (as PyTorch's convolutions do); f16 and bf16 run on tensor cores with
-/// f32 accumulators. Returns `[N, O, H' · W']`.
-pub(crate) fn conv_gemm(
+/// [`super::conv_gemm`] on CUDA device `ordinal`: fp32 follows `cudnn.allow_tf32` (as
+/// PyTorch's convolutions do); f16 and bf16 run on tensor cores with f32 accumulators.
+pub(super) fn conv_gemm(
     ordinal: usize,
     input: &Tensor,
     weight: &Tensor,
@@ -286,18 +266,7 @@ pub(crate) fn conv_gemm(
 ) -> Result<Tensor> {
     let dtype = input.dtype();
     let (key, note) = conv_variant(dtype)?;
-    let ConvGemm { m, n, k, .. } = *conv;
-    let p = Problem {
-        batch: conv.images * conv.groups,
-        m,
-        n,
-        k,
-        out_shape: vec![conv.images, conv.groups * m, n],
-        // A's batch stride is per group (gemm.cu's CONV), B's per image and group.
-        a: [m * k, k, 1],
-        b: [conv.group_input, 0, 0],
-        offsets: [weight.offset(), input.offset()],
-    };
+    let p = conv.problem(input, weight);
     let out = CudaBuffer::zeroed(ordinal, p.outputs() * dtype.size())?;
     // (Without input channels the output is zeros.)
     if p.outputs() != 0 && p.k != 0 {

@@ -22,8 +22,6 @@ pub mod blas;
 mod cublas;
 mod cuda;
 
-pub(crate) use cuda::{ConvGemm, conv_gemm};
-
 use half::{bf16, f16};
 
 use crate::core::flag::{EnvInit, Flag};
@@ -73,6 +71,69 @@ impl Problem {
     /// checked the output's extent).
     fn outputs(&self) -> usize {
         self.batch * self.m * self.n
+    }
+}
+
+/// A convolution as its implicit GEMM sees it: one product per image and group.
+pub(crate) struct ConvGemm {
+    pub images: usize,
+    pub groups: usize,
+    /// Each group's output channels (M), the output's pixels (N) and a patch's length,
+    /// `C/g · kH · kW` (K).
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Input elements of one group of one image, `C/g · H · W`.
+    pub group_input: usize,
+    /// The GEMM kernels' `CONV` arguments after the groups: H, W, W', kH, kW, the strides,
+    /// the padding before each dimension, the dilations.
+    pub args: [usize; 11],
+}
+
+impl ConvGemm {
+    /// The batched product of `weight` (A) and `input`'s unfolding (B).
+    fn problem(&self, input: &Tensor, weight: &Tensor) -> Problem {
+        let ConvGemm { m, n, k, .. } = *self;
+        Problem {
+            batch: self.images * self.groups,
+            m,
+            n,
+            k,
+            out_shape: vec![self.images, self.groups * m, n],
+            // A's batch stride is per group (the kernels' CONV), B's per image and group.
+            a: [m * k, k, 1],
+            b: [self.group_input, 0, 0],
+            offsets: [weight.offset(), input.offset()],
+        }
+    }
+
+    /// The kernels' `CONV` arguments: the groups, then [`ConvGemm::args`].
+    fn kernel_args(&self) -> [usize; 12] {
+        let mut args = [self.groups; 12];
+        args[1..].copy_from_slice(&self.args);
+        args
+    }
+}
+
+/// A convolution of the contiguous `input` (`[N, C, H, W]`) by the contiguous `weight`
+/// (`[O, C/g, kH, kW]`) on a device as the generated implicit GEMM: one product of each
+/// group's weight with that group's unfolded input per image, the unfolding read from the
+/// input as the kernel loads B's tiles (never stored). On wgpu (f32), fp32 follows matmul's
+/// flags. Returns `[N, O, H' · W']`.
+pub(crate) fn conv_gemm(input: &Tensor, weight: &Tensor, conv: &ConvGemm) -> Result<Tensor> {
+    match input.device() {
+        Device::Cuda(ordinal) => cuda::conv_gemm(ordinal, input, weight, conv),
+        Device::Wgpu(index) => {
+            let args = conv.kernel_args();
+            wgpu(
+                index,
+                weight,
+                input,
+                &conv.problem(input, weight),
+                Some(args),
+            )
+        }
+        Device::Cpu => unreachable!("the CPU convolves in ops::conv::cpu"),
     }
 }
 
@@ -339,10 +400,16 @@ fn product(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         Device::Cpu => return cpu(a, b, &p, bias),
         Device::Wgpu(index) if a.dtype() == DType::Bf16 => {
             use crate::ops::convert::{from_f32, widened};
-            let wide = wgpu(index, &widened("matmul", a)?, &widened("matmul", b)?, &p)?;
+            let wide = wgpu(
+                index,
+                &widened("matmul", a)?,
+                &widened("matmul", b)?,
+                &p,
+                None,
+            )?;
             from_f32("matmul", &wide, DType::Bf16)?
         }
-        Device::Wgpu(index) => wgpu(index, a, b, &p)?,
+        Device::Wgpu(index) => wgpu(index, a, b, &p, None)?,
         Device::Cuda(ordinal) => cuda::matmul(ordinal, a, b, &p)?,
     };
     match bias {
@@ -565,7 +632,19 @@ fn each_batch<T: Element, O: Send>(
     }
 }
 
-fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
+/// The generated GEMM on wgpu: `a · b`, or with `conv` (the kernel's `CONV` arguments, see
+/// [`ConvGemm::kernel_args`]) the weight `a` times the unfolding of the f32 input `b`.
+fn wgpu(
+    index: usize,
+    a: &Tensor,
+    b: &Tensor,
+    p: &Problem,
+    conv: Option<[usize; 12]>,
+) -> Result<Tensor> {
+    let op = match conv {
+        Some(_) => "conv2d on wgpu",
+        None => "matmul on wgpu",
+    };
     let gpu = crate::runtime::wgpu::gpu(index)?;
     let (elem, math, note) = match a.dtype() {
         DType::F32 => {
@@ -577,10 +656,10 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             };
             (Elem::F32, math, note)
         }
-        DType::F16 => (Elem::F16, GemmMath::F16, half_note(DType::F16)),
+        DType::F16 if conv.is_none() => (Elem::F16, GemmMath::F16, half_note(DType::F16)),
         other => {
             return Err(Error::DTypeMismatch {
-                op: "matmul on wgpu",
+                op,
                 expected: DType::F32,
                 got: other,
             });
@@ -591,9 +670,9 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         math,
         acc_f16: false,
         partials: Elem::F32,
-        conv: false,
+        conv: conv.is_some(),
     }))
-    .expect("the wgpu GEMM variants are declared");
+    .expect("the wgpu GEMM and f32 convolution variants are declared");
     let kernel = entry
         .wgsl
         .as_ref()
@@ -605,23 +684,25 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
         crate::runtime::wgpu::WgpuBuffer::output(gpu, out_bytes)?
     };
     if p.outputs() > 0 && p.k > 0 {
-        let fits = |v: usize| u32_arg("matmul on wgpu", v);
-        let params = [p.m, p.n, p.k, p.batch]
-            .into_iter()
-            .chain(p.kernel_strides())
-            .chain(p.offsets)
-            .chain([0, 0])
-            .map(fits)
-            .collect::<Result<Vec<u32>>>()?;
+        let fits = |v: usize| u32_arg(op, v);
+        // One dispatch per run of batches the adapter takes, from batch `first` on.
+        let params = |first: usize| {
+            [p.m, p.n, p.k, p.batch]
+                .into_iter()
+                .chain(p.kernel_strides())
+                .chain(p.offsets)
+                .chain([first, 0])
+                .chain(conv.unwrap_or_default())
+                .chain([0; 4])
+                .map(fits)
+                .collect::<Result<Vec<u32>>>()
+        };
+        let per_dispatch = gpu.max_workgroups() as usize;
         let (a_buf, b_buf) = (
             a.wgpu_buffer().expect("a wgpu tensor has a buffer"),
             b.wgpu_buffer().expect("a wgpu tensor has a buffer"),
         );
-        let groups = [
-            fits(p.n.div_ceil(64))?,
-            fits(p.m.div_ceil(64))?,
-            fits(p.batch)?,
-        ];
+        let tiles = [fits(p.n.div_ceil(64))?, fits(p.m.div_ceil(64))?];
         let describe = || Call {
             kernel: entry.name.into(),
             backend: format!("wgpu:{index}"),
@@ -630,13 +711,17 @@ fn wgpu(index: usize, a: &Tensor, b: &Tensor, p: &Problem) -> Result<Tensor> {
             precision: note,
         };
         trace::kernel(describe, || {
-            gpu.run(
-                entry.name,
-                kernel,
-                &[a_buf.raw(), b_buf.raw(), out.raw()],
-                &params,
-                groups,
-            )
+            for first in (0..p.batch).step_by(per_dispatch) {
+                let batches = fits(per_dispatch.min(p.batch - first))?;
+                gpu.run(
+                    entry.name,
+                    kernel,
+                    &[a_buf.raw(), b_buf.raw(), out.raw()],
+                    &params(first)?,
+                    [tiles[0], tiles[1], batches],
+                )?;
+            }
+            Ok(())
         })?;
     }
     Ok(Tensor::from_storage(

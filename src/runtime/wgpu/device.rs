@@ -98,9 +98,15 @@ impl Gpu {
             .clone()
     }
 
+    /// Workgroups a dispatch may have along each dimension (65,535 on most adapters).
+    pub(crate) fn max_workgroups(&self) -> u32 {
+        self.device.limits().max_compute_workgroups_per_dimension
+    }
+
     /// Runs kernel `name` once over `workgroups`, binding `buffers` in order and then a
     /// uniform buffer holding the 32-bit words `params` (the kernel's `Params` struct, in
-    /// field order); returns when the device is done.
+    /// field order); returns when the device is done. More workgroups along a dimension than
+    /// the adapter takes ([`Gpu::max_workgroups`]) is a typed error.
     pub(crate) fn run(
         &self,
         name: &'static str,
@@ -109,6 +115,16 @@ impl Gpu {
         params: &[u32],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        let limit = self.max_workgroups();
+        if workgroups.iter().any(|&count| count > limit) {
+            return Err(crate::Error::ShapeMismatch {
+                op: name,
+                detail: format!(
+                    "{workgroups:?} workgroups: this adapter takes at most {limit} along each \
+                     dimension; split the call, or run it on the CPU"
+                ),
+            });
+        }
         let pipeline = self.pipeline(name, kernel);
         // Uniform buffers are sized in 16-byte steps: pad with zero words.
         let mut padded = params.to_vec();

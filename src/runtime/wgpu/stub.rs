@@ -31,6 +31,11 @@ pub(super) mod device {
 
     impl Gpu {
         /// Never reached (no device exists).
+        pub(crate) fn max_workgroups(&self) -> u32 {
+            match *self {}
+        }
+
+        /// Never reached (no device exists).
         pub(crate) fn run(
             &self,
             _name: &'static str,
