@@ -380,8 +380,7 @@ pub struct ConvChoice {
     /// one group: B's rows read in place from padded phase planes of the input, see
     /// [`Geometry::reads_shifted_rows`]; CUDA's and wgpu's generated kernels: B's tiles read
     /// from the input as they are loaded), `im2col+gemm` (CPU), `nnpack` (CPU, NNPACK's
-    /// convolution), or
-    /// `cudnn graph` (cuDNN's engine).
+    /// convolution), or `cudnn graph` (cuDNN's engine).
     pub lowering: &'static str,
     /// How the GEMMs treat fp32 inputs, and which flag says so.
     pub precision: String,

@@ -272,10 +272,7 @@ pub(super) fn conv_gemm(
     if p.outputs() != 0 && p.k != 0 {
         let op = "conv2d on CUDA";
         let mut args = [0; 12];
-        for (to, size) in args
-            .iter_mut()
-            .zip([conv.groups].into_iter().chain(conv.args))
-        {
+        for (to, size) in args.iter_mut().zip(conv.kernel_args()) {
             *to = int_arg(op, size)?;
         }
         // (The kernel indexes one image's group of channels in 32-bit steps.)
