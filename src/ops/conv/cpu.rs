@@ -106,20 +106,24 @@ fn run<T: Element>(
     Tensor::from_vec(out, &out_shape, Device::Cpu)
 }
 
-/// A convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per image that
-/// reads the input in place. The image is copied once, with its zero padding, as phase
-/// planes: per channel, one per pair of stride phases its taps fall on ([`Geometry::phases`];
-/// plane `(p, q)` holds the padded input's rows `p, p + s0, ...` and columns `q, q + s1,
-/// ...`: `[H_q, W_q]`, `W_q = W' +` [`Geometry::extra_columns`]), so that tap `(ki, kj)` of
-/// channel `c` reads one plane at a fixed shift: B's row `(c, ki, kj)` is that plane from row
-/// `ki·dH / s0`, column `kj·dW / s1` on, and its column `y·W_q + x` is output pixel `(y, x)`.
-/// (A pointwise convolution's only plane per channel would be the channel itself: its rows
-/// are read from the input, with no copy.)
+/// A convolution of one group ([`Geometry::reads_shifted_rows`]) as one GEMM per band of
+/// output rows that reads the input in place. The band's part of the image is copied, with
+/// its zero padding, as phase planes: per channel, one per pair of stride phases its taps
+/// fall on ([`Geometry::phases`]; plane `(p, q)` holds the padded input's rows `p, p + s0,
+/// ...` and columns `q, q + s1, ...`: the band's rows and the halo its taps read below them,
+/// `W_q = W' +` [`Geometry::extra_columns`] columns), so that tap `(ki, kj)` of channel `c`
+/// reads one plane at a fixed shift: B's row `(c, ki, kj)` is that plane from row
+/// `ki·dH / s0`, column `kj·dW / s1` on, and its column `y·W_q + x` is the band's output
+/// pixel `(y, x)`. (A pointwise convolution's only plane per channel would be the channel
+/// itself: its rows are read from the input, with no copy.)
 /// The columns `x ≥ W'` (a few per output row) are computed and dropped when the result is
 /// stored with the bias, rounded to `T` once.
 ///
-/// Each full round of images (one per thread) runs one image a thread, start to end with no
-/// other thread waiting on it; the images left over run one at a time, each on all threads.
+/// While a full round of images (one per thread) is left, each image is one band; each
+/// image left over is cut into one band per thread. A band runs on one thread from its
+/// planes to its store, so no thread waits on another inside a call, and each reads back
+/// the product it wrote from its own caches (a 7x7/2 stem of one image split its planes,
+/// GEMM and store over 2 threads each, and ran no faster than on one).
 fn implicit<T: Element>(
     input: &Tensor,
     weight: &Tensor,
@@ -129,82 +133,131 @@ fn implicit<T: Element>(
     let x = input.elements::<T>()?;
     let weight = weight.contiguous()?;
     let w = weight.elements::<T>()?;
-    let (o, k, image_len) = (
-        g.out_channels,
-        g.patch_len(),
-        g.channels * g.input[0] * g.input[1],
-    );
+    let (o, k, [oh, ow]) = (g.out_channels, g.patch_len(), g.output);
+    let image_len = g.channels * g.input[0] * g.input[1];
     let mut out = host_zeros::<T>("conv2d", g.batch * o * g.pixels())?;
     if out.is_empty() {
         return Ok(out);
     }
-    let bias = match bias {
+    let bias: Vec<f32> = match bias {
         Some(bias) => bias.to_vec::<T>()?.into_iter().map(T::to_f32).collect(),
         None => vec![0.0; o],
     };
-    let images = Images::new(g, &w, bias);
     let (rounding, note) = crate::ops::matmul::cpu_rounding(T::DTYPE);
     let micro = gemm::packed_micro::<T>(rounding).name;
     let describe = || Call {
         kernel: format!("gemm_{}_{micro}", T::DTYPE),
         backend: format!("cpu/{micro}"),
         dtype: T::DTYPE,
-        shapes: format!("{:?}x{:?}", [o, k], [g.batch, k, images.columns]),
+        shapes: format!(
+            "{:?}x{:?}",
+            [o, k],
+            [g.batch, k, oh * (ow + g.extra_columns())]
+        ),
         precision: note.clone(),
     };
     let threads = crate::get_num_threads();
     let out_len = o * g.pixels();
-    let (whole, rest) = out.split_at_mut(g.batch / threads * threads * out_len);
+    let whole = g.batch / threads * threads;
+    let (whole_out, rest_out) = out.split_at_mut(whole * out_len);
+    let run = |band_rows: usize, out: &mut [T], first: usize| {
+        let images = Images::new(g, &w, &bias, band_rows);
+        crate::runtime::threads::try_for_each(
+            bands(out, first, [o, oh, ow], band_rows),
+            &|band: Band<'_, T>| {
+                let mut room = Room::take(&images)?;
+                images.run(
+                    &x[band.image * image_len..][..image_len],
+                    band,
+                    &mut room,
+                    rounding,
+                );
+                room.keep();
+                Ok(())
+            },
+        )
+    };
     trace::kernel(describe, || {
-        let shares = per_thread(whole, out_len);
-        crate::runtime::threads::try_for_each(shares, &|(first, share): (usize, &mut [T])| {
-            let mut room = Room::take(&images)?;
-            for (i, out) in share.chunks_exact_mut(out_len).enumerate() {
-                let source = &x[(first + i) * image_len..][..image_len];
-                images.run(source, out, &mut room, rounding, 1);
-            }
-            room.keep();
-            Ok(())
-        })?;
-        if !rest.is_empty() {
-            let mut room = Room::take(&images)?;
-            let first = g.batch - rest.len() / out_len;
-            for (i, out) in rest.chunks_exact_mut(out_len).enumerate() {
-                let source = &x[(first + i) * image_len..][..image_len];
-                images.run(source, out, &mut room, rounding, threads);
-            }
-            room.keep();
+        if whole > 0 {
+            run(oh, whole_out, 0)?;
+        }
+        if !rest_out.is_empty() {
+            run(oh.div_ceil(threads.min(oh)), rest_out, whole)?;
         }
         Ok(())
     })?;
     Ok(out)
 }
 
-/// What every image of an implicit convolution shares: the weight (A), B's row starts in an
-/// image's planes, the bias and the planes' layout.
+/// Output rows `row0..row0 + rows` of one image of an implicit convolution: each output
+/// channel's part of them (`rows · W'` values) in `out`.
+struct Band<'a, T> {
+    image: usize,
+    row0: usize,
+    rows: usize,
+    out: Vec<&'a mut [T]>,
+}
+
+/// `out` (`[count, O, H', W']`, images `first..`) cut into bands of `band_rows` output rows
+/// (the last of an image may have fewer), image by image.
+fn bands<T>(
+    out: &mut [T],
+    first: usize,
+    [o, oh, ow]: [usize; 3],
+    band_rows: usize,
+) -> Vec<Band<'_, T>> {
+    let mut all = Vec::new();
+    for (i, image) in out.chunks_exact_mut(o * oh * ow).enumerate() {
+        let start = all.len();
+        for row0 in (0..oh).step_by(band_rows) {
+            all.push(Band {
+                image: first + i,
+                row0,
+                rows: band_rows.min(oh - row0),
+                out: Vec::with_capacity(o),
+            });
+        }
+        for mut channel in image.chunks_exact_mut(oh * ow) {
+            for band in &mut all[start..] {
+                let (part, rest) = std::mem::take(&mut channel).split_at_mut(band.rows * ow);
+                band.out.push(part);
+                channel = rest;
+            }
+        }
+    }
+    all
+}
+
+/// What every band of an implicit convolution shares: the weight (A), B's row starts in a
+/// band's planes, the bias and the planes' layout.
 struct Images<'a, T> {
     g: &'a Geometry,
     weight: &'a [T],
-    bias: Vec<f32>,
+    bias: &'a [f32],
     /// B's row starts (one per row of the patch) in the planes, or in the image itself.
     starts: Vec<usize>,
     row_phases: Vec<usize>,
     col_phases: Vec<usize>,
-    /// Planes per image (none where B's rows are the image itself), elements of one
-    /// (`H_q · W_q`) and of all with their slack.
+    /// Planes per band (none where B's rows are the image itself), elements of one (`(band
+    /// rows + halo) · W_q`) and of all with their slack.
     planes: usize,
     plane: usize,
     planes_len: usize,
-    /// The GEMM's columns: `H' · W_q`.
-    columns: usize,
+    /// Plane rows past a band's own that its taps read: `(kH - 1) · dH / s0`.
+    halo: usize,
+    /// The planes' row length, `W_q`.
+    wq: usize,
+    /// Output rows of a band, at most.
+    band_rows: usize,
 }
 
 impl<'a, T: Element> Images<'a, T> {
-    fn new(g: &'a Geometry, weight: &'a [T], bias: Vec<f32>) -> Self {
+    fn new(g: &'a Geometry, weight: &'a [T], bias: &'a [f32], band_rows: usize) -> Self {
         let [kh, kw] = g.kernel;
         let ([dh, dw], [sh, sw]) = (g.dilation, g.stride);
-        // (`reads_shifted_rows` saw the planes' size fit.)
+        // (`reads_shifted_rows` saw the planes' size fit; a band's are no larger.)
         let [hq, wq] = g.phase_plane().expect("checked by reads_shifted_rows");
+        let halo = hq - g.output[0];
         let (row_phases, col_phases) = (g.phases(0), g.phases(1));
         let index = |phases: &[usize], phase: usize| {
             phases
@@ -212,6 +265,11 @@ impl<'a, T: Element> Images<'a, T> {
                 .expect("`phases` lists every tap's phase")
         };
         let per_channel = row_phases.len() * col_phases.len();
+        // A pointwise convolution's planes would be the image itself: B's rows are read there.
+        let (planes, plane_rows) = match g.is_pointwise() {
+            true => (0, hq),
+            false => (g.channels * per_channel, band_rows + halo),
+        };
         let starts = (0..g.patch_len())
             .map(|row| {
                 let (channel, ki, kj) = (row / (kh * kw), row / kw % kh, row % kw);
@@ -220,17 +278,10 @@ impl<'a, T: Element> Images<'a, T> {
                     index(&col_phases, kj * dw % sw),
                 );
                 let plane_index = channel * per_channel + p * col_phases.len() + q;
-                plane_index * hq * wq + ki * dh / sh * wq + kj * dw / sw
+                plane_index * plane_rows * wq + ki * dh / sh * wq + kj * dw / sw
             })
             .collect();
-        // A pointwise convolution's planes would be the image itself: B's rows are read there.
-        let (planes, planes_len) = match g.is_pointwise() {
-            true => (0, 0),
-            false => (
-                g.channels * per_channel,
-                g.phase_planes_len().expect("checked by reads_shifted_rows"),
-            ),
-        };
+        let plane = plane_rows * wq;
         Images {
             g,
             weight,
@@ -239,46 +290,54 @@ impl<'a, T: Element> Images<'a, T> {
             row_phases,
             col_phases,
             planes,
-            plane: hq * wq,
-            planes_len,
-            columns: g.output[0] * wq,
+            plane,
+            planes_len: planes * plane + g.extra_columns(),
+            halo,
+            wq,
+            band_rows,
         }
     }
 
-    /// One image (`source`, `[C, H, W]`) into `out` (`[O, H', W']`) on `team` threads: its
-    /// planes, the GEMM into `room`'s product, the product stored with the bias.
-    fn run(&self, source: &[T], out: &mut [T], room: &mut Room, rounding: Rounding, team: usize) {
+    /// One band of an image (`source`, `[C, H, W]`): its planes, the GEMM into `room`'s
+    /// product, the product stored with the bias into the band's output rows.
+    fn run(&self, source: &[T], band: Band<'_, T>, room: &mut Room, rounding: Rounding) {
         let g = self.g;
-        let ([h, wd], [oh, ow]) = (g.input, g.output);
+        let ([h, wd], ow) = (g.input, g.output[1]);
         let ([top, left], [sh, sw]) = (g.pad_before, g.stride);
-        let (plane, wq, columns) = (self.plane, self.columns / oh, self.columns);
+        let wq = self.wq;
         let (row_phases, col_phases) = (&self.row_phases, &self.col_phases);
         let per_channel = row_phases.len() * col_phases.len();
         let padded = &mut bytemuck::cast_slice_mut::<f32, T>(&mut room.planes)[..self.planes_len];
-        let planes = per_thread_on(team, &mut padded[..self.planes * plane], plane);
-        crate::runtime::threads::for_each(planes, &|(first, chunk): (usize, &mut [T])| {
-            for (i, to) in chunk.chunks_exact_mut(plane).enumerate() {
-                let (channel, phase) = ((first + i) / per_channel, (first + i) % per_channel);
-                let (p, q) = (
-                    row_phases[phase / col_phases.len()],
-                    col_phases[phase % col_phases.len()],
-                );
-                let from = &source[channel * h * wd..][..h * wd];
-                // Plane column x' reads input column x'·s1 + q - left, where that is inside.
-                let shift = q as isize - left as isize;
-                let inside = inside(shift, sw, wd, wq);
-                if inside.is_empty() {
-                    continue; // (the plane holds padding only)
-                }
-                for (y, row) in to.chunks_exact_mut(wq).enumerate() {
-                    let Some(iy) = (y * sh + p).checked_sub(top).filter(|&iy| iy < h) else {
-                        continue;
-                    };
-                    gather(&from[iy * wd..][..wd], (shift, sw), inside.clone(), row);
+        // Every value the GEMM keeps is written here, padding included: the buffer holds an
+        // earlier band's planes.
+        let zero = T::zeroed();
+        for (index, plane) in padded[..self.planes * self.plane]
+            .chunks_exact_mut(self.plane)
+            .enumerate()
+        {
+            let (channel, phase) = (index / per_channel, index % per_channel);
+            let (p, q) = (
+                row_phases[phase / col_phases.len()],
+                col_phases[phase % col_phases.len()],
+            );
+            let from = &source[channel * h * wd..][..h * wd];
+            // Plane column x' reads input column x'·s1 + q - left, where that is inside.
+            let shift = q as isize - left as isize;
+            let inside = inside(shift, sw, wd, wq);
+            let rows = plane.chunks_exact_mut(wq).take(band.rows + self.halo);
+            for (y, row) in rows.enumerate() {
+                let iy = ((band.row0 + y) * sh + p).checked_sub(top);
+                match iy.filter(|&iy| iy < h && !inside.is_empty()) {
+                    Some(iy) => {
+                        row[..inside.start].fill(zero);
+                        row[inside.end..].fill(zero);
+                        gather(&from[iy * wd..][..wd], (shift, sw), inside.clone(), row);
+                    }
+                    None => row.fill(zero),
                 }
             }
-        });
-        let (o, k) = (g.out_channels, g.patch_len());
+        }
+        let (o, k, columns) = (g.out_channels, g.patch_len(), band.rows * wq);
         let product = &mut room.product[..o * columns];
         let a = MatView {
             data: self.weight,
@@ -286,34 +345,37 @@ impl<'a, T: Element> Images<'a, T> {
             rs: k,
             cs: 1,
         };
-        let rows = if self.planes == 0 { source } else { &*padded };
+        // A pointwise convolution's band reads its channels' rows from its first pixel on
+        // (an image of no channels has none).
+        let rows = match self.planes {
+            0 => source.get(band.row0 * ow..).unwrap_or_default(),
+            _ => &*padded,
+        };
         gemm::gemm_rows(
             product,
             (o, columns, k),
             a,
             (rows, &self.starts),
             rounding,
-            team,
+            1,
         );
-        let product = &*product;
-        let channels = per_thread_on(team, out, oh * ow);
-        crate::runtime::threads::for_each(channels, &|(first, chunk): (usize, &mut [T])| {
-            for (i, to) in chunk.chunks_exact_mut(oh * ow).enumerate() {
-                let sums = &product[(first + i) * columns..][..columns];
-                let b = self.bias[first + i];
-                for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wq)) {
-                    for (t, &f) in line.iter_mut().zip(from) {
-                        *t = T::from_f32(f + b);
-                    }
+        for ((to, sums), &b) in band
+            .out
+            .into_iter()
+            .zip(product.chunks_exact(columns))
+            .zip(self.bias)
+        {
+            for (line, from) in to.chunks_exact_mut(ow).zip(sums.chunks_exact(wq)) {
+                for (t, &f) in line.iter_mut().zip(from) {
+                    *t = T::from_f32(f + b);
                 }
             }
-        });
+        }
     }
 }
 
-/// One thread's buffers for the images it runs: the planes (kept zeroed: the padding stays
-/// zero as every image writes the same interior) and the GEMM's product, each taken from
-/// and given back to the thread's kept buffers.
+/// One thread's buffers for the bands it runs: the planes and the GEMM's product, each
+/// taken from and given back to the thread's kept buffers.
 struct Room {
     /// The planes, as 32-bit words.
     planes: Vec<f32>,
@@ -324,17 +386,19 @@ impl Room {
     fn take<T: Element>(images: &Images<'_, T>) -> Result<Room> {
         let mut planes = PLANES.take();
         let words = (images.planes_len * std::mem::size_of::<T>()).div_ceil(4);
-        planes.clear();
-        planes
-            .try_reserve(words)
-            .map_err(|_| crate::Error::OutOfMemory {
-                device: Device::Cpu,
-                bytes: words as u64 * 4,
-                why: "conv2d: the padded input planes".into(),
-            })?;
-        planes.resize(words, 0.0);
-        // Every element is stored by the GEMM: a kept buffer needs no zeroing.
-        let len = images.g.out_channels * images.columns;
+        // Every value read is written first (planes by the band, the product by the GEMM):
+        // a kept buffer needs no zeroing.
+        if planes.len() < words {
+            planes
+                .try_reserve(words - planes.len())
+                .map_err(|_| crate::Error::OutOfMemory {
+                    device: Device::Cpu,
+                    bytes: words as u64 * 4,
+                    why: "conv2d: the padded input planes".into(),
+                })?;
+            planes.resize(words, 0.0);
+        }
+        let len = images.g.out_channels * images.band_rows * images.wq;
         let mut product = PRODUCT.take();
         if product.len() < len {
             product = host_zeros::<f32>("conv2d", len)?;
@@ -589,13 +653,8 @@ fn gather<T: Copy>(
 /// `buffer`, whole items of `item_len > 0` values, in one run of items per pool thread,
 /// each with the index of its first item.
 fn per_thread<T>(buffer: &mut [T], item_len: usize) -> Vec<(usize, &mut [T])> {
-    per_thread_on(crate::get_num_threads(), buffer, item_len)
-}
-
-/// [`per_thread`] for a team of `team` threads.
-fn per_thread_on<T>(team: usize, buffer: &mut [T], item_len: usize) -> Vec<(usize, &mut [T])> {
     let items = buffer.len() / item_len;
-    let per = items.div_ceil(team.max(1)).max(1);
+    let per = items.div_ceil(crate::get_num_threads()).max(1);
     buffer
         .chunks_mut(per * item_len)
         .enumerate()
