@@ -386,8 +386,10 @@ impl Room {
     fn take<T: Element>(images: &Images<'_, T>) -> Result<Room> {
         let mut planes = PLANES.take();
         let words = (images.planes_len * std::mem::size_of::<T>()).div_ceil(4);
-        // Every value read is written first (planes by the band, the product by the GEMM):
-        // a kept buffer needs no zeroing.
+        // Every value a result depends on is written before it is read (the planes by the
+        // band, the product by the GEMM; only the dropped columns past each output row read
+        // past a band's planes, into what an earlier one left): a kept buffer needs no
+        // zeroing.
         if planes.len() < words {
             planes
                 .try_reserve(words - planes.len())
