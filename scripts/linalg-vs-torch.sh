@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side by side with PyTorch on the same inputs: every `backends::linalg` op on fresh random
 # f64 batches (square and rectangular, SPD where the op needs it, singular and indefinite
-# ones for the errors; LU, inverse and Cholesky of single matrices of order >= 512 too,
+# ones for the errors; LU, inverse, Cholesky and QR of single matrices of order >= 512 too,
 # which are factored in panels on the library's threads), through examples/linalg_io.rs,
 # against torch.linalg. Results that are unique are compared directly (inv, cholesky,
 # lu_factor's LU and pivots, lu's P/L/U, eigenvalues, singular values, solves); the others
@@ -118,6 +118,17 @@ for name, a in (("square", square), ("tall", tall), ("wide", wide)):
             (q1, r1), (q2, r2) = positive_diag_qr(q, r), positive_diag_qr(t_q, t_r)
             ok = q.shape == t_q.shape and r.shape == t_r.shape and close(q1, q2) and close(r1, r2)
         check(f"qr {name} {mode}", ok)
+# One matrix whose smaller side is 512 or more: QR in panels, Q formed a block of columns
+# per thread.
+for name, shape, mode in (("large square", (700, 700), "reduced"), ("large tall", (900, 530), "complete"),
+                          ("large wide", (530, 820), "reduced")):
+    a = torch.randn(*shape, dtype=torch.float64)
+    q, r = call("qr", a, mode=mode)
+    (q1, r1), (q2, r2) = positive_diag_qr(q, r), positive_diag_qr(*torch.linalg.qr(a, mode=mode))
+    ok = close(q1, q2, 1e-9) and close(r1, r2, 1e-9)
+    if mode == "complete":  # the columns past min(m, n) are a basis of the complement
+        ok = ok and q.shape == (shape[0], shape[0]) and close(q.mT @ q, torch.eye(shape[0], dtype=torch.float64), 1e-9)
+    check(f"qr {name} {mode}", ok)
 for upper in (False, True):
     w, v = call("eigh", sym, upper=upper)
     t_w, t_v = torch.linalg.eigh(sym, UPLO="U" if upper else "L")

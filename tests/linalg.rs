@@ -385,3 +385,59 @@ fn large_cholesky_in_panels_gives_the_one_thread_factor() {
     assert_eq!(two.to_string(), one.to_string());
     assert!(two.to_string().contains("minor of order 301"), "{two}");
 }
+
+/// A QR whose smaller side is 512 or more, with the whole pool of two threads, is factored in
+/// panels of columns on the pool and its Q formed a block of columns per thread: square, tall
+/// (reduced and complete) and wide, its factors agree with the one-thread factorization
+/// (faer's own) and Q R gives A back with orthonormal Q, in f64 and f32. Rank-deficient
+/// columns (a zero column, a repeated one) leave fewer reflections than columns: the
+/// factorization then runs whole, and still agrees with one thread.
+#[test]
+fn large_qr_in_panels_gives_the_one_thread_factors() {
+    use common::linalg::{bmm, bt};
+    use common::rel_err;
+    let qr = |a: &Tensor, mode: linalg::QrMode, threads: u32| {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        let qr = linalg::qr(a, mode).unwrap();
+        (qr.q.to_f64().unwrap(), qr.r.to_f64().unwrap())
+    };
+    let mut deficient = random(600 * 600);
+    for row in 0..600 {
+        deficient[row * 600 + 300] = 0.0;
+        deficient[row * 600 + 401] = deficient[row * 600 + 7];
+    }
+    let cases = [
+        (700, 700, linalg::QrMode::Reduced, random(700 * 700)),
+        (900, 530, linalg::QrMode::Complete, random(900 * 530)),
+        (530, 820, linalg::QrMode::Reduced, random(530 * 820)),
+        (600, 600, linalg::QrMode::Reduced, deficient),
+    ];
+    for (m, n, mode, a) in cases {
+        let columns = if mode == linalg::QrMode::Complete {
+            m
+        } else {
+            m.min(n)
+        };
+        for (dtype, bound) in [(DType::F64, 1e-11), (DType::F32, 1e-4)] {
+            let t = tensor(&a, &[m, n], dtype);
+            let (q1, r1) = qr(&t, mode, 1);
+            let (q2, r2) = qr(&t, mode, 2);
+            let what = format!("{m} x {n} {mode:?} {dtype:?}");
+            assert!(rel_err(&r2, &r1) < bound, "R against one thread, {what}");
+            assert!(rel_err(&q2, &q1) < bound, "Q against one thread, {what}");
+            let rows = r2.len() / n;
+            for i in 0..rows {
+                assert!(
+                    r2[i * n..i * n + i.min(n)].iter().all(|&x| x == 0.0),
+                    "{what}"
+                );
+            }
+            let product = bmm(&q2, &r2, 1, (m, columns, n));
+            let err = rel_err(&product, &a);
+            assert!(err < bound / 10.0, "Q R, {what}: {err:e}");
+            let qtq = bmm(&bt(&q2, 1, m, columns), &q2, 1, (columns, m, columns));
+            let err = rel_err(&qtq, &eye(1, columns));
+            assert!(err < bound / 10.0, "QᵀQ, {what}: {err:e}");
+        }
+    }
+}

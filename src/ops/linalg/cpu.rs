@@ -553,6 +553,43 @@ fn swap_rows<T: Real>(mut x: MatMut<'_, T>, i: usize, pivot: i32) {
     }
 }
 
+/// Factors the row-major `a` (`m × n`) as faer's `qr_in_place` does into `factors`
+/// (column-major), in [`panels`] where a parallel factorization has the [`whole_pool`];
+/// returns the block coefficients (`block × min(m, n)`, column-major) and the block size.
+fn qr_factors<T: Real>(
+    a: &[T],
+    (m, n): (usize, usize),
+    par: Par,
+    factors: &mut [T],
+) -> Result<(Vec<T>, usize), Failure> {
+    let k = m.min(n);
+    transpose_into((a, n), (m, n), factors);
+    if let Some(threads) = panel_threads(par, k) {
+        let block = panels::QR_BLOCK;
+        let mut coefficients = host_zeros::<T>(SCRATCH, block * k)?;
+        let view = MatMut::from_column_major_slice_mut(&mut coefficients, block, k);
+        let matrix = MatMut::from_column_major_slice_mut(factors, m, n);
+        if panels::qr(matrix, view, threads)? {
+            return Ok((coefficients, block));
+        }
+        // Rank-deficient columns: the whole matrix again, by faer.
+        transpose_into((a, n), (m, n), factors);
+    }
+    let block = qr_factor::recommended_block_size::<T>(m, n);
+    let mut coefficients = host_zeros::<T>(SCRATCH, block * k)?;
+    let req = qr_factor::qr_in_place_scratch::<T>(m, n, block, par, Default::default());
+    with_workspace((req, par), |stack| {
+        qr_factor::qr_in_place(
+            MatMut::from_column_major_slice_mut(factors, m, n),
+            MatMut::from_column_major_slice_mut(&mut coefficients, block, k),
+            par,
+            stack,
+            Default::default(),
+        )
+    })?;
+    Ok((coefficients, block))
+}
+
 /// `A = Q R` of `a` (`m × n`): `Q` is `m × m` with `complete`, else `m × k`; `R` is `m × n`
 /// with `complete`, else `k × n`; `q` is `None` where only `R` is wanted.
 pub(crate) fn qr<T: Real>(
@@ -563,22 +600,9 @@ pub(crate) fn qr<T: Real>(
     r: &mut [T],
 ) -> Result<(), Failure> {
     let (k, par) = (m.min(n), par(m.max(n)));
-    let block = qr_factor::recommended_block_size::<T>(m, n);
     with_scratch(m * n, |buffer: &mut [T]| {
-        transpose_into((a, n), (m, n), buffer);
-        let mut factors = MatMut::from_column_major_slice_mut(buffer, m, n);
-        let mut coefficients = host_zeros::<T>(SCRATCH, block * k)?;
-        let mut coefficients = MatMut::from_column_major_slice_mut(&mut coefficients, block, k);
-        let req = qr_factor::qr_in_place_scratch::<T>(m, n, block, par, Default::default());
-        with_workspace((req, par), |stack| {
-            qr_factor::qr_in_place(
-                factors.as_mut(),
-                coefficients.as_mut(),
-                par,
-                stack,
-                Default::default(),
-            )
-        })?;
+        let (coefficients, block) = qr_factors(a, (m, n), par, buffer)?;
+        let coefficients = MatRef::from_column_major_slice(&coefficients, block, k);
         // R on and above the diagonal; the Householder vectors below it.
         let rows = if complete { m } else { k };
         store((buffer, m), (rows, n), r);
@@ -597,6 +621,11 @@ pub(crate) fn qr<T: Real>(
         let columns = if complete { m } else { k };
         let mut x = identity::<T>(m, columns)?;
         let mut view = MatMut::from_column_major_slice_mut(&mut x, m, columns);
+        if let Some(threads) = panel_threads(par, k) {
+            panels::apply_reflections((basis.as_ref(), coefficients), view, threads)?;
+            store((&x, m), (m, columns), q);
+            return Ok(());
+        }
         let req = householder::apply_block_householder_on_the_left_in_place_scratch::<T>(
             m, block, columns,
         );

@@ -1,25 +1,38 @@
-//! LU with partial pivoting and Cholesky of one large matrix on the library's threads, in
-//! panels of columns (LAPACK's blocked right-looking `getrf` and `potrf`, with a
-//! look-ahead of one panel): each panel is factored by faer on one thread, and its
-//! triangle inverted; one call of the pool per panel then brings the rest of the matrix
-//! past it (for the LU, the other columns' rows swapped as its pivots say and its rows of
-//! U solved as the inverse times them; then the rows below less its L times them: faer's
-//! products, one block of columns per item), while the thread that takes the next panel's
-//! columns first updates them and factors that panel. faer's own parallel factorizations
-//! join their threads at every level of their recursion; on 2 cores of an AMD EPYC VM,
-//! 1024 x 1024 f64, back to back: LU 11.5-12 ms here, 12.6 ms in faer's parallel LU, 20 ms
-//! on one thread; between calls of PyTorch (20 ms apart, `OMP_WAIT_POLICY=PASSIVE`), where
-//! the VM often runs one of its two threads at a time: LU 19 ms here, 32 ms in faer's
-//! (MKL's 20 ms), Cholesky 18 ms in faer's, 13 ms on one thread.
+//! LU with partial pivoting, Cholesky and QR of one large matrix on the library's threads,
+//! in panels of columns (LAPACK's blocked right-looking `getrf`, `potrf` and `geqrf`, with a
+//! look-ahead of one panel): each panel is factored by faer on one thread (for the LU and
+//! the Cholesky, its triangle inverted); one call of the pool per panel then brings the rest
+//! of the matrix past it, while the thread that takes the next panel's columns first updates
+//! them and factors that panel. For the LU, the other columns' rows are swapped as its
+//! pivots say and its rows of U solved as the inverse times them, then the rows below less
+//! its L times them (faer's products, one block of columns per item); for the QR, its block
+//! reflections are applied to them, and Q is then formed from the identity a block of
+//! columns per thread.
+//!
+//! faer's own parallel factorizations join their threads at every level of their
+//! recursion; on 2 cores of an AMD EPYC VM, 1024 x 1024 f64, back to back: LU 11.5-12 ms
+//! here, 12.6 ms in faer's parallel LU, 20 ms on one thread; between calls of PyTorch
+//! (20 ms apart, `OMP_WAIT_POLICY=PASSIVE`), where the VM often runs one of its two threads
+//! at a time: LU 19 ms here, 32 ms in faer's (MKL's 20 ms), Cholesky 18 ms in faer's, 13 ms
+//! on one thread. On 2 cores of an Intel Xeon VM, a 1024 x 1024 f64 `Q, R` took 41 ms here
+//! and 54 ms through faer's parallel calls (medians of alternating runs).
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor as llt;
+use faer::linalg::householder::{
+    apply_block_householder_on_the_left_in_place_scratch,
+    apply_block_householder_on_the_left_in_place_with_conj,
+    apply_block_householder_sequence_transpose_on_the_left_in_place_scratch,
+    apply_block_householder_sequence_transpose_on_the_left_in_place_with_conj,
+};
 use faer::linalg::lu::partial_pivoting::factor::{lu_in_place, lu_in_place_scratch};
 use faer::linalg::matmul::matmul;
+use faer::linalg::qr::no_pivoting::factor::{qr_in_place, qr_in_place_scratch};
 use faer::linalg::triangular_inverse::{invert_lower_triangular, invert_unit_lower_triangular};
-use faer::{Accum, MatMut, MatRef, Par};
+use faer::{Accum, Conj, MatMut, MatRef, Par};
 
 use super::{Failure, Real, SCRATCH, identity, workspace};
 use crate::core::error::LinAlgFailure;
@@ -410,4 +423,181 @@ fn copy_of<'r, T: Real>(m: MatRef<'_, T>, room: &'r mut [T]) -> MatRef<'r, T> {
         );
     }
     MatRef::from_column_major_slice(room, rows, m.ncols())
+}
+
+/// Rows of a QR's block reflections (faer's block size) where it is factored in panels:
+/// a [`PANEL`]'s columns hold whole blocks, so the coefficients are those of a whole
+/// factorization of that block size.
+pub(super) const QR_BLOCK: usize = 64;
+
+/// Columns of one QR panel's call and what is done to them.
+enum Reflected<'a, T> {
+    /// Columns right of the panel: the panel's reflections applied to them.
+    Right(MatMut<'a, T>, &'a mut MemBuffer),
+    /// The next panel's columns: reflected as [`Reflected::Right`], then factored.
+    Next(NextQr<'a, T>),
+}
+
+/// The next QR panel's columns and what factoring them needs and writes.
+struct NextQr<'a, T> {
+    columns: MatMut<'a, T>,
+    /// Their block reflections' coefficients (`QR_BLOCK` rows, a column per column).
+    coefficients: MatMut<'a, T>,
+    workspace: &'a mut MemBuffer,
+    panel_workspace: &'a mut MemBuffer,
+}
+
+/// Factors the column-major `a` (`m × n`) in place as faer's `qr_in_place` with block size
+/// [`QR_BLOCK`] does (R on and above the diagonal, the reflections below it, their block
+/// coefficients in `coefficients`, `QR_BLOCK × min(m, n)`) on up to `threads` threads.
+/// Returns `false`, leaving `a` half factored, where a panel's columns are rank-deficient:
+/// faer then keeps fewer reflections than columns, and the rest of the matrix would have to
+/// start from another row (the caller factors the matrix whole instead).
+pub(super) fn qr<T: Real>(
+    mut a: MatMut<'_, T>,
+    mut coefficients: MatMut<'_, T>,
+    threads: usize,
+) -> Result<bool, Failure> {
+    let (m, n) = (a.nrows(), a.ncols());
+    let steps = m.min(n);
+    let apply = apply_block_householder_sequence_transpose_on_the_left_in_place_scratch::<T>;
+    let mut workspaces = (0..n.div_ceil(BLOCK))
+        .map(|_| workspace(apply(m, QR_BLOCK, BLOCK.max(PANEL))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut panel_workspace = workspace(qr_in_place_scratch::<T>(
+        m,
+        PANEL,
+        QR_BLOCK,
+        Par::Seq,
+        Default::default(),
+    ))?;
+    let first = PANEL.min(steps);
+    let full_rank = AtomicBool::new(factor_qr_panel(
+        a.as_mut().get_mut(.., ..first),
+        (0, coefficients.as_mut().get_mut(.., ..first)),
+        &mut panel_workspace,
+    ));
+    let mut start = 0;
+    while start < steps && full_rank.load(Ordering::Relaxed) {
+        let end = start + PANEL.min(steps - start);
+        let (_, rest) = a.as_mut().split_at_col_mut(start);
+        let (panel, mut right) = rest.split_at_col_mut(end - start);
+        let (done, later) = coefficients.as_mut().split_at_col_mut(end);
+        let mut workspaces = workspaces.iter_mut();
+        let mut pieces = Vec::new();
+        if end < steps {
+            let next = PANEL.min(steps - end);
+            let (columns, rest) = right.split_at_col_mut(next);
+            pieces.push(Reflected::Next(NextQr {
+                columns,
+                coefficients: later.subcols_mut(0, next),
+                workspace: workspaces.next().expect("a workspace per block of columns"),
+                panel_workspace: &mut panel_workspace,
+            }));
+            right = rest;
+        }
+        pieces.extend(
+            blocks(right)
+                .into_iter()
+                .zip(workspaces)
+                .map(|(b, w)| Reflected::Right(b, w)),
+        );
+        let panel = panel.as_ref().subrows(start, m - start);
+        let applied = (panel, done.as_ref().subcols(start, end - start));
+        crate::runtime::threads::for_each_on(threads, pieces, &|piece| match piece {
+            Reflected::Right(columns, workspace) => reflect(columns, applied, workspace),
+            Reflected::Next(next) => {
+                let NextQr {
+                    mut columns,
+                    coefficients,
+                    workspace,
+                    panel_workspace,
+                } = next;
+                reflect(columns.as_mut(), applied, workspace);
+                if !factor_qr_panel(columns, (end, coefficients), panel_workspace) {
+                    full_rank.store(false, Ordering::Relaxed);
+                }
+            }
+        });
+        start = end;
+    }
+    Ok(full_rank.into_inner())
+}
+
+/// Applies the transposed reflections of a factored panel (`basis`: its rows from its
+/// first; `coefficients`: its columns of the block coefficients) to the same rows of
+/// `columns`, on this thread.
+fn reflect<T: Real>(
+    columns: MatMut<'_, T>,
+    (basis, coefficients): (MatRef<'_, T>, MatRef<'_, T>),
+    workspace: &mut MemBuffer,
+) {
+    let first = columns.nrows() - basis.nrows();
+    apply_block_householder_sequence_transpose_on_the_left_in_place_with_conj(
+        basis,
+        coefficients,
+        Conj::Yes,
+        columns.subrows_mut(first, basis.nrows()),
+        Par::Seq,
+        MemStack::new(workspace),
+    );
+}
+
+/// Factors rows `start..` of the QR panel `columns` with faer on this thread, writing its
+/// block coefficients into `coefficients`; `false` where the columns are rank-deficient.
+fn factor_qr_panel<T: Real>(
+    columns: MatMut<'_, T>,
+    (start, coefficients): (usize, MatMut<'_, T>),
+    workspace: &mut MemBuffer,
+) -> bool {
+    let (rows, width) = (columns.nrows() - start, columns.ncols());
+    let info = qr_in_place(
+        columns.subrows_mut(start, rows),
+        coefficients,
+        Par::Seq,
+        MemStack::new(workspace),
+        Default::default(),
+    );
+    info.rank == width
+}
+
+/// Applies the reflections of a QR (`basis`: `m × k`, the vectors below the diagonal;
+/// `coefficients`: their block coefficients, a block's rows by `k`) to the identity's first
+/// columns in `x` (`m × columns`), as LAPACK's `orgqr` does, on up to `threads` threads:
+/// each block of columns on one thread, every block of reflections from the last that
+/// reaches it to the first, with no wait between them (faer's parallel product joins its
+/// threads at every block of reflections).
+pub(super) fn apply_reflections<T: Real>(
+    (basis, coefficients): (MatRef<'_, T>, MatRef<'_, T>),
+    x: MatMut<'_, T>,
+    threads: usize,
+) -> Result<(), Failure> {
+    let (m, k, block) = (basis.nrows(), basis.ncols(), coefficients.nrows());
+    let scratch = apply_block_householder_on_the_left_in_place_scratch::<T>(m, block, BLOCK);
+    let mut pieces = Vec::new();
+    let mut first = 0;
+    for columns in blocks(x) {
+        let width = columns.ncols();
+        pieces.push((first, columns, workspace(scratch)?));
+        first += width;
+    }
+    // The columns on the right meet the most reflections: they go first.
+    pieces.reverse();
+    crate::runtime::threads::for_each_on(threads, pieces, &|(first, mut columns, mut room)| {
+        let mut end = k.min(first + columns.ncols());
+        while end > 0 {
+            let start = (end - 1) / block * block;
+            let from = start.max(first) - first;
+            apply_block_householder_on_the_left_in_place_with_conj(
+                basis.get(start.., start..end),
+                coefficients.get(..end - start, start..end),
+                Conj::No,
+                columns.as_mut().get_mut(start.., from..),
+                Par::Seq,
+                MemStack::new(&mut room),
+            );
+            end = start;
+        }
+    });
+    Ok(())
 }
