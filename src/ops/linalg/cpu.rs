@@ -620,37 +620,54 @@ pub(crate) fn qr<T: Real>(
         }
         let columns = if complete { m } else { k };
         let mut x = identity::<T>(m, columns)?;
-        let mut view = MatMut::from_column_major_slice_mut(&mut x, m, columns);
-        if let Some(threads) = panel_threads(par, k) {
-            panels::apply_reflections((basis.as_ref(), coefficients), view, threads)?;
-            store((&x, m), (m, columns), q);
-            return Ok(());
-        }
-        let req = householder::apply_block_householder_on_the_left_in_place_scratch::<T>(
-            m, block, columns,
-        );
-        // Last block first, each on the rows and columns from its first (LAPACK's `orgqr`):
-        // a block leaves the identity's columns before its first as they are, and so do the
-        // blocks before it. Two thirds of the work of applying every block to every column
-        // (a 1024 x 1024 Q took 23 ms on 2 threads of an AMD EPYC VM so).
-        with_workspace((req, par), |stack| {
-            let mut end = k;
-            while end > 0 {
-                let start = (end - 1) / block * block;
-                householder::apply_block_householder_on_the_left_in_place_with_conj(
-                    basis.as_ref().get(start.., start..end),
-                    coefficients.as_ref().get(..end - start, start..end),
-                    Conj::No,
-                    view.as_mut().get_mut(start.., start..),
-                    par,
-                    stack,
+        let view = MatMut::from_column_major_slice_mut(&mut x, m, columns);
+        let reflections = (basis.as_ref(), coefficients);
+        match panel_threads(par, k) {
+            Some(threads) => panels::apply_reflections(reflections, view, threads)?,
+            None => {
+                let req = householder::apply_block_householder_on_the_left_in_place_scratch::<T>(
+                    m, block, columns,
                 );
-                end = start;
+                with_workspace((req, par), |stack| {
+                    reflect_identity(reflections, (0, view), par, stack)
+                })?
             }
-        })?;
+        }
         store((&x, m), (m, columns), q);
         Ok(())
     })
+}
+
+/// Applies a QR's reflections (`basis`: `m × k`, the vectors below the diagonal;
+/// `coefficients`: their block coefficients, a block's rows by `k`) to `columns`, the
+/// identity's columns from `first` on, as LAPACK's `orgqr` does: the last block that reaches
+/// them first, each on the rows and columns from its first. A block leaves the identity's
+/// columns before its first as they are, and so do the blocks before it: two thirds of the
+/// work of applying every block to every column (a 1024 x 1024 Q took 23 ms on 2 threads of
+/// an AMD EPYC VM so). A block reaching past the columns is applied in part: its
+/// reflections past a column leave that column as it is.
+fn reflect_identity<T: Real>(
+    (basis, coefficients): (MatRef<'_, T>, MatRef<'_, T>),
+    (first, mut columns): (usize, MatMut<'_, T>),
+    par: Par,
+    stack: &mut MemStack,
+) {
+    let block = coefficients.nrows();
+    let mut end = basis.ncols().min(first + columns.ncols());
+    while end > 0 {
+        let start = (end - 1) / block * block;
+        householder::apply_block_householder_on_the_left_in_place_with_conj(
+            basis.get(start.., start..end),
+            coefficients.get(..end - start, start..end),
+            Conj::No,
+            columns
+                .as_mut()
+                .get_mut(start.., start.max(first) - first..),
+            par,
+            stack,
+        );
+        end = start;
+    }
 }
 
 /// Eigenvalues (ascending) and, with `vectors`, eigenvectors (columns) of the symmetric

@@ -24,7 +24,6 @@ use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor as llt;
 use faer::linalg::householder::{
     apply_block_householder_on_the_left_in_place_scratch,
-    apply_block_householder_on_the_left_in_place_with_conj,
     apply_block_householder_sequence_transpose_on_the_left_in_place_scratch,
     apply_block_householder_sequence_transpose_on_the_left_in_place_with_conj,
 };
@@ -34,7 +33,7 @@ use faer::linalg::qr::no_pivoting::factor::{qr_in_place, qr_in_place_scratch};
 use faer::linalg::triangular_inverse::{invert_lower_triangular, invert_unit_lower_triangular};
 use faer::{Accum, Conj, MatMut, MatRef, Par};
 
-use super::{Failure, Real, SCRATCH, identity, workspace};
+use super::{Failure, Real, SCRATCH, identity, reflect_identity, workspace};
 use crate::core::error::LinAlgFailure;
 use crate::core::tensor::host_zeros;
 
@@ -561,18 +560,16 @@ fn factor_qr_panel<T: Real>(
     info.rank == width
 }
 
-/// Applies the reflections of a QR (`basis`: `m × k`, the vectors below the diagonal;
-/// `coefficients`: their block coefficients, a block's rows by `k`) to the identity's first
-/// columns in `x` (`m × columns`), as LAPACK's `orgqr` does, on up to `threads` threads:
-/// each block of columns on one thread, every block of reflections from the last that
-/// reaches it to the first, with no wait between them (faer's parallel product joins its
-/// threads at every block of reflections).
+/// Applies the reflections of a QR (as [`reflect_identity`] reads them) to the identity's
+/// first columns in `x` (`m × columns`) on up to `threads` threads: each block of columns
+/// on one thread, with no wait between blocks of reflections (faer's parallel product joins
+/// its threads at every block of reflections).
 pub(super) fn apply_reflections<T: Real>(
     (basis, coefficients): (MatRef<'_, T>, MatRef<'_, T>),
     x: MatMut<'_, T>,
     threads: usize,
 ) -> Result<(), Failure> {
-    let (m, k, block) = (basis.nrows(), basis.ncols(), coefficients.nrows());
+    let (m, block) = (basis.nrows(), coefficients.nrows());
     let scratch = apply_block_householder_on_the_left_in_place_scratch::<T>(m, block, BLOCK);
     let mut pieces = Vec::new();
     let mut first = 0;
@@ -583,21 +580,14 @@ pub(super) fn apply_reflections<T: Real>(
     }
     // The columns on the right meet the most reflections: they go first.
     pieces.reverse();
-    crate::runtime::threads::for_each_on(threads, pieces, &|(first, mut columns, mut room)| {
-        let mut end = k.min(first + columns.ncols());
-        while end > 0 {
-            let start = (end - 1) / block * block;
-            let from = start.max(first) - first;
-            apply_block_householder_on_the_left_in_place_with_conj(
-                basis.get(start.., start..end),
-                coefficients.get(..end - start, start..end),
-                Conj::No,
-                columns.as_mut().get_mut(start.., from..),
-                Par::Seq,
-                MemStack::new(&mut room),
-            );
-            end = start;
-        }
+    let reflections = (basis, coefficients);
+    crate::runtime::threads::for_each_on(threads, pieces, &|(first, columns, mut room)| {
+        reflect_identity(
+            reflections,
+            (first, columns),
+            Par::Seq,
+            MemStack::new(&mut room),
+        );
     });
     Ok(())
 }
