@@ -74,11 +74,24 @@ thread_local! {
 }
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
-/// threads idle (faer's rayon parallelism; an LU or a Cholesky with the whole pool in
-/// [`panels`]); smaller ones ran slower so (one f64 matrix on 2 threads of a Xeon, against
-/// 1, through faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky 1.2x, QR 1.6x,
-/// eigh 1.5x, SVD 1.45x; at n = 256 Cholesky, QR and SVD 0.64-0.77x).
+/// threads idle (faer's rayon parallelism; an LU, a Cholesky or a QR with the whole pool
+/// in [`panels`]); smaller ones ran slower so (one f64 matrix on 2 threads of a
+/// Xeon, against 1, through faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky
+/// 1.2x, QR 1.6x; at n = 256, with faer's AVX-512 kernels, Cholesky 0.61x, QR 0.37x, LU
+/// 0.75x). Eigendecompositions and SVDs gain sooner: [`SPECTRAL_PARALLEL_FROM`].
 const PARALLEL_FROM: usize = 512;
+
+/// The order from which an eigendecomposition or an SVD runs on several threads where its
+/// batch leaves threads idle: their reductions and divide-and-conquer steps gain sooner (one
+/// f64 matrix on 2 threads of a Xeon, against 1, with faer's AVX-512 kernels: SVD 1.17x at
+/// n = 128, 1.19x at 256; eigh 1.0x at 128, 1.19x at 256).
+const SPECTRAL_PARALLEL_FROM: usize = 128;
+
+/// An SVD's bidiagonal reduction runs its steps on several threads only while the rest of
+/// the matrix it updates holds at least this many elements (faer's default, 192 x 256, ran
+/// an f64 SVD of n = 512 1.15x slower on 2 threads of a Xeon; n = 768 and 1024 gained less
+/// than 3% from any other bound).
+const SVD_REDUCTION_PARALLEL_FROM: usize = 512 * 512;
 
 /// Runs `body` with the factorizations it makes on this thread using up to `threads`
 /// threads (where a matrix is large enough; see [`PARALLEL_FROM`]).
@@ -112,10 +125,14 @@ fn pool(threads: usize) -> Option<Arc<rayon::ThreadPool>> {
 
 /// The parallelism of a factorization of a matrix of `order` on this thread.
 fn par(order: usize) -> Par {
+    par_from(order, PARALLEL_FROM)
+}
+
+/// The parallelism of a factorization of a matrix of `order` on this thread, where one of
+/// at least order `from` gains from threads.
+fn par_from(order: usize, from: usize) -> Par {
     match INNER_THREADS.get() {
-        threads if threads > 1 && order >= PARALLEL_FROM && pool(threads).is_some() => {
-            Par::rayon(threads)
-        }
+        threads if threads > 1 && order >= from && pool(threads).is_some() => Par::rayon(threads),
         _ => Par::Seq,
     }
 }
@@ -698,7 +715,7 @@ pub(crate) fn eigh<T: Real>(
         }
         return Ok(());
     }
-    let par = par(n);
+    let par = par_from(n, SPECTRAL_PARALLEL_FROM);
     let compute = match vectors {
         Some(_) => evd::ComputeEigenvectors::Yes,
         None => evd::ComputeEigenvectors::No,
@@ -740,7 +757,7 @@ pub(crate) fn svd<T: Real>(
         }
         return Ok(());
     }
-    let (k, par) = (m.min(n), par(m.max(n)));
+    let (k, par) = (m.min(n), par_from(m.max(n), SPECTRAL_PARALLEL_FROM));
     let compute = match (&vectors, full) {
         (None, _) => ComputeSvdVectors::No,
         (Some(_), true) => ComputeSvdVectors::Full,
@@ -757,7 +774,10 @@ pub(crate) fn svd<T: Real>(
         None => None,
     };
     column_major(a, (m, n), |a| {
-        let req = svd_of::svd_scratch::<T>(m, n, compute, compute, par, Default::default());
+        let mut params: svd_of::SvdParams = faer::auto!(T);
+        params.bidiag.par_threshold = SVD_REDUCTION_PARALLEL_FROM;
+        let params = faer::Spec::new(params);
+        let req = svd_of::svd_scratch::<T>(m, n, compute, compute, par, params);
         with_workspace((req, par), |stack| {
             let (u, v) = match uv.as_mut() {
                 Some((u, v)) => (
@@ -767,7 +787,7 @@ pub(crate) fn svd<T: Real>(
                 None => (None, None),
             };
             let s = DiagMut::from_slice_mut(values);
-            svd_of::svd(a, s, u, v, par, stack, Default::default())
+            svd_of::svd(a, s, u, v, par, stack, params)
         })
     })?
     .map_err(|_| LinAlgFailure::NoConvergence)?;
