@@ -351,6 +351,43 @@ fn large_lu_in_panels_gives_the_one_thread_pivots_and_factors() {
     assert!(two.to_string().contains("U[301,301] is zero"), "{two}");
 }
 
+/// An inverse of order 512 or more with the whole pool of two threads is solved a block of
+/// columns per item on the pool: with its pivots moving rows (a diagonally dominant
+/// matrix's rows shuffled) and a last block narrower than the others (n = 1030), it agrees
+/// with the one-thread inverse (faer's own) and A·A⁻¹ = I, in f64 and f32; a random matrix
+/// agrees too.
+#[test]
+fn large_inverse_in_blocks_gives_the_one_thread_inverse() {
+    use common::rel_err;
+    let inv = |a: &Tensor, threads: u32| {
+        let _t = backends::NUM_THREADS.guard_scoped(threads);
+        linalg::inv(a).unwrap().to_f64().unwrap()
+    };
+    for n in [700, 1030] {
+        let dominant = well_conditioned(1, n);
+        let shuffled: Vec<f64> = (0..n)
+            .flat_map(|i| dominant[(i * 11 + 3) % n * n..][..n].to_vec())
+            .collect();
+        for (dtype, bound) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let t = tensor(&shuffled, &[n, n], dtype);
+            let (one, two) = (inv(&t, 1), inv(&t, 2));
+            let err = rel_err(&two, &one);
+            assert!(err < bound, "{n} {dtype:?} against one thread: {err:e}");
+            let product = common::reference(&shuffled, &two, n, n, n);
+            let err = rel_err(&product, &eye(1, n));
+            assert!(err < bound, "{n} {dtype:?} A A⁻¹: {err:e}");
+        }
+    }
+    let n = 600;
+    let a = random(n * n);
+    let t = tensor(&a, &[n, n], DType::F64);
+    let (one, two) = (inv(&t, 1), inv(&t, 2));
+    let err = rel_err(&two, &one);
+    assert!(err < 1e-9, "random {n} against one thread: {err:e}");
+    let err = rel_err(&common::reference(&a, &two, n, n, n), &eye(1, n));
+    assert!(err < 1e-8, "random {n} A A⁻¹: {err:e}");
+}
+
 /// A Cholesky of order 512 or more with the whole pool of two threads is factored in panels
 /// on the pool: in both forms it agrees with the one-thread factorization (faer's own) and
 /// gives A back; a matrix whose leading minor of order 301 is not positive-definite is

@@ -74,8 +74,8 @@ thread_local! {
 }
 
 /// Matrices of at least this order are factored on several threads where their batch leaves
-/// threads idle (faer's rayon parallelism; an LU, a Cholesky or a QR with the whole pool
-/// in [`panels`]); smaller ones ran slower so (one f64 matrix on 2 threads of a
+/// threads idle (faer's rayon parallelism; an LU, an inverse, a Cholesky or a QR with the
+/// whole pool in [`panels`]); smaller ones ran slower so (one f64 matrix on 2 threads of a
 /// Xeon, against 1, through faer's own calls: at n = 1024 LU 1.23x, inverse 1.8x, Cholesky
 /// 1.2x, QR 1.6x; at n = 256, with faer's AVX-512 kernels, Cholesky 0.61x, QR 0.37x, LU
 /// 0.75x). Eigendecompositions and SVDs gain sooner: [`SPECTRAL_PARALLEL_FROM`].
@@ -329,10 +329,17 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
         factors.copy_from_slice(a);
         let lu = MatMut::from_column_major_slice_mut(factors, n, n);
         let par = par(n);
-        let extra = partial_pivoting::inverse::inverse_scratch::<usize, T>(n, par);
+        let threads = panel_threads(par, n);
+        let extra = match threads {
+            Some(_) => StackReq::EMPTY,
+            None => partial_pivoting::inverse::inverse_scratch::<usize, T>(n, par),
+        };
         factor_in_place(lu, (extra, par), |lu, perm, stack| {
             if let Some(diagonal) = zero_diagonal(lu) {
-                return Some(diagonal);
+                return Ok(Some(diagonal));
+            }
+            if let Some(threads) = threads {
+                return panels::inverse(lu, perm, out, threads).map(|()| None);
             }
             // L (unit, below the diagonal) and U (on and above it) are read from the packed
             // factors; the inverse reads only the triangles it writes.
@@ -344,9 +351,9 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
                 par,
                 stack,
             );
-            None
+            Ok(None)
         })
-    })?;
+    })??;
     let Some(zero) = zero else { return Ok(()) };
     // Singular: the zero diagonal element named is that of A's own factors, as PyTorch's.
     let (mut packed, mut pivots) = (host_zeros(SCRATCH, n * n)?, host_zeros(SCRATCH, n)?);

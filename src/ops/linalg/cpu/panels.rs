@@ -1,6 +1,7 @@
 //! LU with partial pivoting, Cholesky and QR of one large matrix on the library's threads,
 //! in panels of columns (LAPACK's blocked right-looking `getrf`, `potrf` and `geqrf`, with a
-//! look-ahead of one panel): each panel is factored by faer on one thread (for the LU and
+//! look-ahead of one panel), and the inverse from an LU a block of columns per item (see
+//! [`inverse`]): each panel is factored by faer on one thread (for the LU and
 //! the Cholesky, its triangle inverted); one call of the pool per panel then brings the rest
 //! of the matrix past it, while the thread that takes the next panel's columns first updates
 //! them and factors that panel. For the LU, the other columns' rows are swapped as its
@@ -31,6 +32,10 @@ use faer::linalg::lu::partial_pivoting::factor::{lu_in_place, lu_in_place_scratc
 use faer::linalg::matmul::matmul;
 use faer::linalg::qr::no_pivoting::factor::{qr_in_place, qr_in_place_scratch};
 use faer::linalg::triangular_inverse::{invert_lower_triangular, invert_unit_lower_triangular};
+use faer::linalg::triangular_solve::{
+    solve_unit_lower_triangular_in_place, solve_upper_triangular_in_place,
+};
+use faer::perm::PermRef;
 use faer::{Accum, Conj, MatMut, MatRef, Par};
 
 use super::{Failure, Real, SCRATCH, identity, reflect_identity, workspace};
@@ -588,6 +593,54 @@ pub(super) fn apply_reflections<T: Real>(
             Par::Seq,
             MemStack::new(&mut room),
         );
+    });
+    Ok(())
+}
+
+/// Writes `A⁻¹` into `out` (`n × n`, column-major) from the packed LU factors of `A` and
+/// their row permutation, on up to `threads` threads. `A⁻¹` is `U⁻¹ L⁻¹` with column `k`
+/// moved to column `forward[k]`; column `k` of `L⁻¹` is zero above row `k`, so its solve
+/// with L starts there (the work of LAPACK's `getri`, a third less than solving with both
+/// triangles on every column of the identity). Each item solves a block of [`BLOCK`]
+/// columns with both triangles in its own scratch and copies them to their places: no
+/// thread waits for another (faer's parallel inverse joins its threads at every level of
+/// its triangular inverses and product; 1024 x 1024 f64 on 2 threads of a Xeon: 13 ms here
+/// against 15 ms).
+pub(super) fn inverse<T: Real>(
+    lu: MatRef<'_, T>,
+    perm: PermRef<'_, usize>,
+    out: &mut [T],
+    threads: usize,
+) -> Result<(), Failure> {
+    let n = lu.nrows();
+    let mut room = host_zeros::<T>(SCRATCH, n * n)?;
+    // Column j of `out` is column `inverse[j]` of `U⁻¹ L⁻¹`: the item of that column's
+    // block gets it.
+    let mut places: Vec<Vec<Option<&mut [T]>>> = (0..n.div_ceil(BLOCK))
+        .map(|item| (0..BLOCK.min(n - item * BLOCK)).map(|_| None).collect())
+        .collect();
+    for (place, &column) in out.chunks_mut(n).zip(perm.arrays().1) {
+        places[column / BLOCK][column % BLOCK] = Some(place);
+    }
+    let pieces = room.chunks_mut(n * BLOCK).zip(places).enumerate();
+    let pieces = pieces.map(|(item, (room, places))| (item * BLOCK, room, places));
+    crate::runtime::threads::for_each_on(threads, pieces.collect(), &|(first, room, places)| {
+        let width = places.len();
+        let mut x = MatMut::from_column_major_slice_mut(room, n, width);
+        for k in 0..width {
+            x[(first + k, k)] = T::one();
+        }
+        solve_unit_lower_triangular_in_place(
+            lu.get(first.., first..),
+            x.as_mut().get_mut(first.., ..),
+            Par::Seq,
+        );
+        solve_upper_triangular_in_place(lu, x, Par::Seq);
+        for (column, place) in room.chunks(n).zip(places) {
+            if let Some(place) = place {
+                place.copy_from_slice(column);
+            }
+        }
     });
     Ok(())
 }
