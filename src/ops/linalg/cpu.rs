@@ -302,7 +302,8 @@ fn factor_in_place<T: Real, R: Send>(
             inverse[row] = i;
         }
         let perm = PermRef::new_checked(&forward, &inverse, m);
-        return with_workspace((extra, par), |stack| then(lu.as_ref(), perm, stack));
+        // (On this thread: `then` calls on the pool itself, through `panels`, where it does.)
+        return with_workspace((extra, Par::Seq), |stack| then(lu.as_ref(), perm, stack));
     }
     let req =
         partial_pivoting::factor::lu_in_place_scratch::<usize, T>(m, n, par, Default::default())
@@ -324,22 +325,27 @@ fn factor_in_place<T: Real, R: Send>(
 pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failure> {
     // Row-major A read column-major is Aᵀ, and (Aᵀ)⁻¹ written column-major is A⁻¹ row-major:
     // the factors of Aᵀ, in this thread's kept scratch, give the inverse with no transposes
-    // (two transposes took a ninth of a 1024 x 1024 inverse).
-    let zero = with_scratch(n * n, |factors: &mut [T]| {
+    // (two transposes took a ninth of a 1024 x 1024 inverse). The inverse in `panels` solves
+    // in the scratch's second half (n² elements: a product of two sizes of an existing
+    // tensor, so twice it fits).
+    let par = par(n);
+    let threads = panel_threads(par, n);
+    let halves = if threads.is_some() { 2 } else { 1 };
+    let zero = with_scratch(n * n * halves, |scratch: &mut [T]| {
+        let (factors, room) = scratch.split_at_mut(n * n);
         factors.copy_from_slice(a);
         let lu = MatMut::from_column_major_slice_mut(factors, n, n);
-        let par = par(n);
-        let threads = panel_threads(par, n);
         let extra = match threads {
             Some(_) => StackReq::EMPTY,
             None => partial_pivoting::inverse::inverse_scratch::<usize, T>(n, par),
         };
         factor_in_place(lu, (extra, par), |lu, perm, stack| {
             if let Some(diagonal) = zero_diagonal(lu) {
-                return Ok(Some(diagonal));
+                return Some(diagonal);
             }
             if let Some(threads) = threads {
-                return panels::inverse(lu, perm, out, threads).map(|()| None);
+                panels::inverse(lu, perm, (room, out), threads);
+                return None;
             }
             // L (unit, below the diagonal) and U (on and above it) are read from the packed
             // factors; the inverse reads only the triangles it writes.
@@ -351,9 +357,9 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
                 par,
                 stack,
             );
-            Ok(None)
+            None
         })
-    })??;
+    })?;
     let Some(zero) = zero else { return Ok(()) };
     // Singular: the zero diagonal element named is that of A's own factors, as PyTorch's.
     let (mut packed, mut pivots) = (host_zeros(SCRATCH, n * n)?, host_zeros(SCRATCH, n)?);

@@ -598,22 +598,21 @@ pub(super) fn apply_reflections<T: Real>(
 }
 
 /// Writes `A⁻¹` into `out` (`n × n`, column-major) from the packed LU factors of `A` and
-/// their row permutation, on up to `threads` threads. `A⁻¹` is `U⁻¹ L⁻¹` with column `k`
-/// moved to column `forward[k]`; column `k` of `L⁻¹` is zero above row `k`, so its solve
-/// with L starts there (the work of LAPACK's `getri`, a third less than solving with both
-/// triangles on every column of the identity). Each item solves a block of [`BLOCK`]
-/// columns with both triangles in its own scratch and copies them to their places: no
-/// thread waits for another (faer's parallel inverse joins its threads at every level of
-/// its triangular inverses and product; 1024 x 1024 f64 on 2 threads of a Xeon: 13 ms here
-/// against 15 ms).
+/// their row permutation, on up to `threads` threads, solving in `room` (`n × n`, whatever
+/// it holds). `A⁻¹` is `U⁻¹ L⁻¹` with column `k` moved to column `forward[k]`; column `k`
+/// of `L⁻¹` is zero above row `k`, so its solve with L starts there (the work of LAPACK's
+/// `getri`, a third less than solving with both triangles on every column of the
+/// identity). Each item solves a block of [`BLOCK`] columns with both triangles in its part
+/// of `room` and copies them to their places: no thread waits for another (faer's parallel
+/// inverse joins its threads at every level of its triangular inverses and product;
+/// 1024 x 1024 f64 on 2 threads of a Xeon: 13 ms here against 15 ms).
 pub(super) fn inverse<T: Real>(
     lu: MatRef<'_, T>,
     perm: PermRef<'_, usize>,
-    out: &mut [T],
+    (room, out): (&mut [T], &mut [T]),
     threads: usize,
-) -> Result<(), Failure> {
+) {
     let n = lu.nrows();
-    let mut room = host_zeros::<T>(SCRATCH, n * n)?;
     // Column j of `out` is column `inverse[j]` of `U⁻¹ L⁻¹`: the item of that column's
     // block gets it.
     let mut places: Vec<Vec<Option<&mut [T]>>> = (0..n.div_ceil(BLOCK))
@@ -627,6 +626,7 @@ pub(super) fn inverse<T: Real>(
     crate::runtime::threads::for_each_on(threads, pieces.collect(), &|(first, room, places)| {
         let width = places.len();
         let mut x = MatMut::from_column_major_slice_mut(room, n, width);
+        x.fill(T::zero());
         for k in 0..width {
             x[(first + k, k)] = T::one();
         }
@@ -642,5 +642,4 @@ pub(super) fn inverse<T: Real>(
             }
         }
     });
-    Ok(())
 }
