@@ -13,7 +13,7 @@
 //! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
 //! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
-//! with bias, the fast path) or `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|svd> <n>`
+//! with bias, the fast path) or `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|eigvalsh|svd|svdvals> <n>`
 //! (one `[n, n]` symmetric, diagonally dominant matrix: positive-definite) or
 //! `conv <dtype> <n> <c> <h> <w> <o> <k> <stride> <padding> <groups>` (`conv2d` of an
 //! `[n, c, h, w]` input with an `[o, c / groups, k, k]` weight and a bias). Inputs are made once per distinct line. A line `threads <n>`
@@ -274,6 +274,8 @@ fn main() -> Result<()> {
                 "qr" => drop(linalg::qr(a, linalg::QrMode::Reduced)?),
                 "eigh" => drop(linalg::eigh(a, false)?),
                 "svd" => drop(linalg::svd(a, false)?),
+                "eigvalsh" => drop(linalg::eigvalsh(a, false)?),
+                "svdvals" => drop(linalg::svdvals(a)?),
                 other => return Err(format!("no linalg op {other:?}").into()),
             },
         }

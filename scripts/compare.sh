@@ -234,10 +234,11 @@ def torch_linalg(op, size):
     a.fill_diagonal_(float(size))
     return {"inv": lambda: torch.linalg.inv(a), "cholesky": lambda: torch.linalg.cholesky(a),
             "lu_factor": lambda: torch.linalg.lu_factor(a), "qr": lambda: torch.linalg.qr(a),
-            "eigh": lambda: torch.linalg.eigh(a),
-            "svd": lambda: torch.linalg.svd(a, full_matrices=False)}[op]
+            "eigh": lambda: torch.linalg.eigh(a), "eigvalsh": lambda: torch.linalg.eigvalsh(a),
+            "svd": lambda: torch.linalg.svd(a, full_matrices=False),
+            "svdvals": lambda: torch.linalg.svdvals(a)}[op]
 
-for op in ("inv", "cholesky", "lu_factor", "qr", "eigh", "svd"):
+for op in ("inv", "cholesky", "lu_factor", "qr", "eigh", "eigvalsh", "svd", "svdvals"):
     for size in (256, 1024):
         works.append((f"linalg f64 {op} n={size} (n^3 / s, G)", f"linalg f64 {op} {size}",
                       size**3 / 1e9, lambda op=op, size=size: torch_linalg(op, size)))
