@@ -478,3 +478,96 @@ fn large_qr_in_panels_gives_the_one_thread_factors() {
         }
     }
 }
+
+/// Row-major `m × n` `U diag(s) Vᵀ`, `U` and `V` products of three random reflections each.
+fn with_singular_values(s: &[f64], (m, n): (usize, usize)) -> Vec<f64> {
+    let mut a = vec![0.0; m * n];
+    for (i, &x) in s.iter().enumerate() {
+        a[i * n + i] = x;
+    }
+    for _ in 0..3 {
+        let v = random(m);
+        let vv: f64 = v.iter().map(|x| x * x).sum();
+        for j in 0..n {
+            let dot: f64 = (0..m).map(|i| v[i] * a[i * n + j]).sum::<f64>() * 2.0 / vv;
+            (0..m).for_each(|i| a[i * n + j] -= dot * v[i]);
+        }
+        let w = random(n);
+        let ww: f64 = w.iter().map(|x| x * x).sum();
+        for row in a.chunks_mut(n) {
+            let dot: f64 = row.iter().zip(&w).map(|(a, w)| a * w).sum::<f64>() * 2.0 / ww;
+            row.iter_mut().zip(&w).for_each(|(a, w)| *a -= dot * w);
+        }
+    }
+    a
+}
+
+#[test]
+fn singular_values_alone_match_the_values_they_were_made_with() {
+    // Graded (1 to 1e-12), clustered (within 1e-10 of 1), half zero and spread values, each
+    // in a square, a tall, a wide and a long shape (the long one takes faer's QR first), two
+    // kinds to a batch; against the values the matrices were made with and against `svd`.
+    let kinds = |k: usize| -> [Vec<f64>; 4] {
+        let last = (k - 1).max(1) as f64;
+        [
+            (0..k)
+                .map(|i| 10f64.powf(-12.0 * i as f64 / last))
+                .collect(),
+            (0..k).map(|i| 1.0 + 1e-10 * (k - i) as f64).collect(),
+            (0..k)
+                .map(|i| {
+                    if i < k / 2 {
+                        2.0 - i as f64 / k as f64
+                    } else {
+                        0.0
+                    }
+                })
+                .collect(),
+            (0..k).map(|i| 3.0 * (k - i) as f64 / k as f64).collect(),
+        ]
+    };
+    for (m, n) in [
+        (150, 150),
+        (200, 120),
+        (120, 200),
+        (300, 100),
+        (5, 3),
+        (2, 2),
+    ] {
+        let k = m.min(n);
+        let kinds = kinds(k);
+        for pair in kinds.chunks(2) {
+            let expect: Vec<f64> = pair.concat();
+            let a: Vec<f64> = pair
+                .iter()
+                .flat_map(|s| with_singular_values(s, (m, n)))
+                .collect();
+            for dtype in [DType::F64, DType::F32] {
+                let input = tensor(&a, &[2, m, n], dtype);
+                let values = linalg::svdvals(&input).unwrap();
+                assert_eq!(values.shape(), [2, k]);
+                let values = values.to_f64().unwrap();
+                let s = linalg::svd(&input, false).unwrap().s.to_f64().unwrap();
+                let tolerance = if dtype == DType::F64 { 1e-12 } else { 1e-4 };
+                for b in 0..2 {
+                    let (ours, made, svd) = (
+                        &values[b * k..][..k],
+                        &expect[b * k..][..k],
+                        &s[b * k..][..k],
+                    );
+                    let largest = made[0];
+                    for i in 0..k {
+                        assert!(
+                            (ours[i] - made[i]).abs() <= tolerance * largest
+                                && (ours[i] - svd[i]).abs() <= tolerance * largest,
+                            "{dtype} {m}x{n} batch {b} value {i}: {} made {} svd {}",
+                            ours[i],
+                            made[i],
+                            svd[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
