@@ -13,12 +13,13 @@
 //! complex ones with a trailing 2 added), `einsum <dtype> <equation> <shape>;<shape>...`
 //! (shapes comma-separated, e.g. `einsum f32 ij,jk->ik 64,32;32,16`) or
 //! `mha <dtype> <batch> <length> <embedding> <heads>` (self-attention, both projections
-//! with bias, the fast path) or `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|eigvalsh|svd|svdvals> <n>`
-//! (one `[n, n]` symmetric, diagonally dominant matrix: positive-definite) or
+//! with bias, the fast path) or
+//! `linalg <f32|f64> <inv|cholesky|lu_factor|qr|eigh|eigvalsh|svd|svdvals> <n>` (one
+//! `[n, n]` symmetric, diagonally dominant matrix: positive-definite) or
 //! `conv <dtype> <n> <c> <h> <w> <o> <k> <stride> <padding> <groups>` (`conv2d` of an
-//! `[n, c, h, w]` input with an `[o, c / groups, k, k]` weight and a bias). Inputs are made once per distinct line. A line `threads <n>`
-//! sets the thread count of the calls after it (and prints 0), so that one process can
-//! alternate thread counts call by call.
+//! `[n, c, h, w]` input with an `[o, c / groups, k, k]` weight and a bias). Inputs are made
+//! once per distinct line. A line `threads <n>` sets the thread count of the calls after it
+//! (and prints 0), so that one process can alternate thread counts call by call.
 //! `echo "sdpa f32 64 1024 0" | cargo run --release --example paired`
 
 use std::io::{BufRead, Write};

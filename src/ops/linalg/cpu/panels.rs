@@ -604,8 +604,9 @@ pub(super) fn apply_reflections<T: Real>(
 /// `getri`, a third less than solving with both triangles on every column of the
 /// identity). Each item solves a block of [`BLOCK`] columns with both triangles in its part
 /// of `room` and copies them to their places: no thread waits for another (faer's parallel
-/// inverse joins its threads at every level of its triangular inverses and product;
-/// 1024 x 1024 f64 on 2 threads of a Xeon: 13 ms here against 15 ms).
+/// inverse joins its threads at every level of its triangular inverses and product; the
+/// solves after the LU of a 1024 x 1024 f64 matrix on 2 threads of a Xeon: 13 ms here
+/// against 15 ms).
 pub(super) fn inverse<T: Real>(
     lu: MatRef<'_, T>,
     perm: PermRef<'_, usize>,
