@@ -570,4 +570,20 @@ fn singular_values_alone_match_the_values_they_were_made_with() {
             }
         }
     }
+    // A row, a column, one element and no rows: |(3, 4)| = 5 either way, |-2| = 2.
+    for (values, shape, expect) in [
+        (&[3.0, 4.0][..], [1, 2], &[5.0][..]),
+        (&[3.0, 4.0], [2, 1], &[5.0]),
+        (&[-2.0], [1, 1], &[2.0]),
+        (&[], [0, 3], &[]),
+    ] {
+        for dtype in [DType::F64, DType::F32] {
+            let s = linalg::svdvals(&tensor(values, &shape, dtype)).unwrap();
+            let s = s.to_f64().unwrap();
+            assert_eq!(s.len(), expect.len(), "{dtype} {shape:?}");
+            for (s, x) in s.iter().zip(expect) {
+                assert!((s - x).abs() < 1e-6, "{dtype} {shape:?}: {s} against {x}");
+            }
+        }
+    }
 }
