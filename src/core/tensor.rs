@@ -489,13 +489,20 @@ pub(crate) fn checked_numel(op: &'static str, shape: &[usize], dtype: DType) -> 
 /// A host vector of `len` copies of `value`, or [`Error::OutOfMemory`] where the allocation
 /// fails.
 pub(crate) fn host_filled<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+    let mut out = host_with_room(op, len)?;
+    out.resize(len, value);
+    Ok(out)
+}
+
+/// An empty host vector with room for `len` items, or [`Error::OutOfMemory`] where the
+/// allocation fails (for items [`host_filled`] cannot clone).
+pub(crate) fn host_with_room<T>(op: &'static str, len: usize) -> Result<Vec<T>> {
     let mut out = Vec::new();
     out.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
         device: Device::Cpu,
         bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
         why: format!("{op}: the host allocation failed"),
     })?;
-    out.resize(len, value);
     Ok(out)
 }
 

@@ -349,11 +349,11 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
         };
         factor_in_place(lu, (extra, par), |lu, perm, stack| {
             if let Some(diagonal) = zero_diagonal(lu) {
-                return Some(diagonal);
+                return Ok(Some(diagonal));
             }
             if let Some(threads) = threads {
-                panels::inverse(lu, perm, (room, out), threads);
-                return None;
+                panels::inverse(lu, perm, (room, out), threads)?;
+                return Ok(None);
             }
             // L (unit, below the diagonal) and U (on and above it) are read from the packed
             // factors; the inverse reads only the triangles it writes.
@@ -365,8 +365,8 @@ pub(crate) fn inv<T: Real>(a: &[T], n: usize, out: &mut [T]) -> Result<(), Failu
                 par,
                 stack,
             );
-            None
-        })
+            Ok(None)
+        })?
     })?;
     let Some(zero) = zero else { return Ok(()) };
     // Singular: the zero diagonal element named is that of A's own factors, as PyTorch's.

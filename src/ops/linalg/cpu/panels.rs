@@ -40,7 +40,7 @@ use faer::{Accum, Conj, MatMut, MatRef, Par};
 
 use super::{Failure, Real, SCRATCH, identity, reflect_identity, workspace};
 use crate::core::error::LinAlgFailure;
-use crate::core::tensor::host_zeros;
+use crate::core::tensor::{host_with_room, host_zeros};
 
 /// Columns per panel.
 const PANEL: usize = 128;
@@ -612,19 +612,23 @@ pub(super) fn inverse<T: Real>(
     perm: PermRef<'_, usize>,
     (room, out): (&mut [T], &mut [T]),
     threads: usize,
-) {
+) -> Result<(), Failure> {
     let n = lu.nrows();
     // Column j of `out` is column `inverse[j]` of `U⁻¹ L⁻¹`: the item of that column's
     // block gets it.
-    let mut places: Vec<Vec<Option<&mut [T]>>> = (0..n.div_ceil(BLOCK))
-        .map(|item| (0..BLOCK.min(n - item * BLOCK)).map(|_| None).collect())
-        .collect();
+    let mut places = host_with_room(SCRATCH, n)?;
+    places.resize_with(n, || None);
     for (place, &column) in out.chunks_mut(n).zip(perm.arrays().1) {
-        places[column / BLOCK][column % BLOCK] = Some(place);
+        places[column] = Some(place);
     }
-    let pieces = room.chunks_mut(n * BLOCK).zip(places).enumerate();
-    let pieces = pieces.map(|(item, (room, places))| (item * BLOCK, room, places));
-    crate::runtime::threads::for_each_on(threads, pieces.collect(), &|(first, room, places)| {
+    let mut pieces = host_with_room(SCRATCH, n.div_ceil(BLOCK))?;
+    let blocks = room.chunks_mut(n * BLOCK).zip(places.chunks_mut(BLOCK));
+    pieces.extend(
+        blocks
+            .enumerate()
+            .map(|(item, (room, places))| (item * BLOCK, room, places)),
+    );
+    crate::runtime::threads::for_each_on(threads, pieces, &|(first, room, places)| {
         let width = places.len();
         let mut x = MatMut::from_column_major_slice_mut(room, n, width);
         x.fill(T::zero());
@@ -643,4 +647,5 @@ pub(super) fn inverse<T: Real>(
             }
         }
     });
+    Ok(())
 }
