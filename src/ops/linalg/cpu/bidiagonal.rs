@@ -2,13 +2,15 @@
 //! (dqds: Fernando and Parlett) with Laguerre shifts. The squares of the diagonal and of the
 //! superdiagonal are transformed, every quantity staying positive, so each value keeps high
 //! relative accuracy. faer's SVD without vectors runs a divide and conquer on the
-//! bidiagonal instead, 2.3 to 5 times slower on one thread (n = 256 and 1024; random,
+//! bidiagonal instead, 3 to 7 times slower on one thread (n = 256 and 1024; random,
 //! graded and clustered values).
 //!
-//! A step with shift `τ` under the block's smallest eigenvalue also yields, by carrying the
-//! derivatives of its pivots, `G = Σ 1/x` and `H = Σ 1/x²` over the eigenvalues `x` of the
-//! shifted block; Laguerre's bound from them is never above the smallest `x` (in exact
-//! arithmetic), so the next shift keeps every pivot positive and converges cubically.
+//! Each pass runs a step with shift `τ` under the block's smallest eigenvalue and two
+//! unshifted steps behind it (see [`pass`]); the last carries the derivatives of its pivots,
+//! whose product is the characteristic polynomial, and so yields `G = Σ 1/x` and
+//! `H = Σ 1/x²` over the eigenvalues `x` of the block. Laguerre's bound from them is never
+//! above the smallest `x` (in exact arithmetic), so the next shift keeps every pivot
+//! positive and converges cubically.
 
 /// Relative size under which a squared superdiagonal element counts as zero (LAPACK's
 /// `(100 ε)²`).
@@ -18,12 +20,12 @@ const NEGLIGIBLE: f64 = (100.0 * f64::EPSILON / 2.0) * (100.0 * f64::EPSILON / 2
 const SHIFT_MARGIN: f64 = 1e-12;
 
 /// Replaces `d` with the singular values, in descending order, of the upper bidiagonal
-/// matrix of diagonal `d` (`n`) and superdiagonal `e` (`n - 1`), using `work` (`6 n`).
+/// matrix of diagonal `d` (`n`) and superdiagonal `e` (`n - 1`), using `work` (`8 n`).
 /// `false` where the iteration met a value it cannot go on from (an infinity, a NaN) or did
 /// not converge: `d` then holds nothing useful.
 pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> bool {
     let n = d.len();
-    debug_assert!(e.len() + 1 == n.max(1) && work.len() >= 6 * n);
+    debug_assert!(e.len() + 1 == n.max(1) && work.len() >= 8 * n);
     let scale = d.iter().chain(e).fold(0.0, |m: f64, x| m.max(x.abs()));
     if !scale.is_finite() {
         return false;
@@ -33,9 +35,9 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
     }
     let (q, work) = work.split_at_mut(n);
     let (z, work) = work.split_at_mut(n);
-    let (next_q, work) = work.split_at_mut(n);
-    let (next_z, work) = work.split_at_mut(n);
-    let (mid_q, mid_z) = work.split_at_mut(n);
+    // The outputs of a pass's three steps.
+    let (mid, work) = work.split_at_mut(2 * n);
+    let (late, next) = work.split_at_mut(2 * n);
     for (q, d) in q.iter_mut().zip(d.iter()) {
         *q = (d / scale) * (d / scale);
     }
@@ -47,13 +49,11 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
     while end > 0 {
         let start = (1..end).rev().find(|&i| z[i - 1] == 0.0).unwrap_or(0);
         let range = start..end;
-        let arrays = [&mut q[range.clone()], &mut z[range.clone()]];
-        let mid = [&mut mid_q[range.clone()], &mut mid_z[range.clone()]];
-        if !block(
-            arrays,
-            mid,
-            [&mut next_q[range.clone()], &mut next_z[range]],
-        ) {
+        let outputs = [&mut *mid, &mut *late, &mut *next].map(|out| {
+            let (q, z) = out.split_at_mut(n);
+            (&mut q[range.clone()], &mut z[range.clone()])
+        });
+        if !block((&mut q[range.clone()], &mut z[range]), outputs) {
             return false;
         }
         end = start;
@@ -66,13 +66,9 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
 }
 
 /// Replaces `q` (an unreduced block; `z` its squared superdiagonal, one element longer than
-/// needed) with its eigenvalues, the squared singular values, stepping through `mid` and
-/// `next` (as long).
-fn block(
-    [q, z]: [&mut [f64]; 2],
-    [mid_q, mid_z]: [&mut [f64]; 2],
-    [next_q, next_z]: [&mut [f64]; 2],
-) -> bool {
+/// needed) with its eigenvalues, the squared singular values, stepping through `outputs`
+/// (as long; see [`pass`]).
+fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]); 3]) -> bool {
     // The shift so far, and the next one.
     let (mut sigma, mut tau) = (0.0, 0.0);
     let mut len = q.len();
@@ -81,7 +77,7 @@ fn block(
     while len > 2 {
         let last = len - 1;
         // Deflate the bottom value, or the bottom 2 × 2, once its coupling no longer moves
-        // it; the next shift is then learnt afresh (a step with none).
+        // it; the next shift is then learnt afresh (a pass with none).
         if z[last - 1] <= NEGLIGIBLE * (sigma + q[last]) {
             q[last] += sigma;
             (len, tau) = (last, 0.0);
@@ -98,13 +94,10 @@ fn block(
             return false;
         }
         let (g, h) = loop {
-            let (arrays, mid) = (
-                (&q[..len], &z[..last]),
-                (&mut mid_q[..len], &mut mid_z[..last]),
-            );
-            if let Some(sums) =
-                two_steps(arrays, tau, mid, (&mut next_q[..len], &mut next_z[..last]))
-            {
+            let steps = outputs
+                .each_mut()
+                .map(|(q, z)| (&mut q[..len], &mut z[..last]));
+            if let Some(sums) = pass((&q[..len], &z[..last]), tau, steps) {
                 break sums;
             }
             // Rounding put the shift past the smallest eigenvalue: halve it, down to none.
@@ -113,6 +106,7 @@ fn block(
             }
             tau = if tau > 1e-3 * sigma { tau / 2.0 } else { 0.0 };
         };
+        let (next_q, next_z) = &outputs[2];
         q[..len].copy_from_slice(&next_q[..len]);
         z[..last].copy_from_slice(&next_z[..last]);
         sigma += tau;
@@ -138,21 +132,23 @@ fn laguerre(g: f64, h: f64, n: usize) -> f64 {
     if bound.is_finite() { bound } else { 0.0 }
 }
 
-/// Two dqds steps fused into one pass: the first with shift `tau` from `(q, z)` into
-/// `mid`, the second with none from `mid` into `next`, one element behind, so that the two
-/// chains of divisions overlap (a pass costs little more than one step; the unshifted step
-/// moves small values to the bottom). Returns the sums `(Σ 1/x, Σ 1/x²)` over the eigenvalues
-/// `x` of the new block, or `None` where a pivot came out negative (`tau` is past the
-/// smallest eigenvalue) or not a number.
-fn two_steps(
+/// Three dqds steps fused into one pass: the first with shift `tau` from `(q, z)` into
+/// `mid`, the second with none from `mid` into `late`, the third with none from `late` into
+/// `next`, each one element behind the one before, so that their chains of divisions
+/// overlap (a pass costs little more than one step; the unshifted steps carry small values
+/// down to the bottom, where they deflate). Returns the sums `(Σ 1/x, Σ 1/x²)` over the
+/// eigenvalues `x` of the new block, or `None` where a pivot came out negative (`tau` is
+/// past the smallest eigenvalue) or not a number. The block is at least 3 long.
+fn pass(
     (q, z): (&[f64], &[f64]),
     tau: f64,
-    (mid_q, mid_z): (&mut [f64], &mut [f64]),
-    (next_q, next_z): (&mut [f64], &mut [f64]),
+    [(mid_q, mid_z), (late_q, late_z), (next_q, next_z)]: [(&mut [f64], &mut [f64]); 3],
 ) -> Option<(f64, f64)> {
     let last = q.len() - 1;
     let mut d = q[0] - tau;
-    let mut second = Unshifted::default();
+    // The second step's pivot, and the third step.
+    let mut second = 0.0;
+    let mut third = Unshifted::default();
     for i in 0..last {
         if d < 0.0 || d.is_nan() {
             return None;
@@ -161,18 +157,37 @@ fn two_steps(
         let t = q[i + 1] / pivot;
         (mid_q[i], mid_z[i]) = (pivot, z[i] * t);
         d = d * t - tau;
+        if i == 0 {
+            second = pivot;
+            continue;
+        }
+        let pivot = step_unshifted(&mut second, mid_z[i - 1], pivot);
+        (late_q[i - 1], late_z[i - 1]) = pivot;
         match i {
-            0 => second.d = pivot,
-            _ => (next_q[i - 1], next_z[i - 1]) = second.next(mid_z[i - 1], pivot),
+            1 => third.d = pivot.0,
+            _ => (next_q[i - 2], next_z[i - 2]) = third.next(late_z[i - 2], pivot.0),
         }
     }
     if d < 0.0 || d.is_nan() {
         return None;
     }
     mid_q[last] = d;
-    (next_q[last - 1], next_z[last - 1]) = second.next(mid_z[last - 1], d);
-    next_q[last] = second.d;
-    second.sums()
+    let pivot = step_unshifted(&mut second, mid_z[last - 1], d);
+    (late_q[last - 1], late_z[last - 1]) = pivot;
+    (next_q[last - 2], next_z[last - 2]) = third.next(late_z[last - 2], pivot.0);
+    late_q[last] = second;
+    (next_q[last - 1], next_z[last - 1]) = third.next(late_z[last - 1], second);
+    next_q[last] = third.d;
+    third.sums()
+}
+
+/// An unshifted dqds step's next element from its pivot `d`, the squared superdiagonal `z`
+/// beside it and the squared diagonal `q_next` under it: the new `(q, z)`.
+fn step_unshifted(d: &mut f64, z: f64, q_next: f64) -> (f64, f64) {
+    let pivot = *d + z;
+    let t = q_next / pivot;
+    *d *= t;
+    (pivot, z * t)
 }
 
 /// An unshifted dqds step under way, carrying the first and second derivatives (in the
@@ -268,7 +283,7 @@ mod tests {
 
     fn values(d: &[f64], e: &[f64]) -> Option<Vec<f64>> {
         let mut d = d.to_vec();
-        let mut work = vec![f64::NAN; 6 * d.len()];
+        let mut work = vec![f64::NAN; 8 * d.len()];
         singular_values(&mut d, e, &mut work).then_some(d)
     }
 
