@@ -72,8 +72,8 @@ fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]
     // The shift so far, and the next one.
     let (mut sigma, mut tau) = (0.0, 0.0);
     let mut len = q.len();
-    let mut steps = 0;
-    let max_steps = 30 * len + 10;
+    let mut passes = 0;
+    let max_passes = 30 * len + 10;
     while len > 2 {
         let last = len - 1;
         // Deflate the bottom value, or the bottom 2 × 2, once its coupling no longer moves
@@ -89,8 +89,8 @@ fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]
             (len, tau) = (last - 1, 0.0);
             continue;
         }
-        steps += 1;
-        if steps > max_steps {
+        passes += 1;
+        if passes > max_passes {
             return false;
         }
         let (g, h) = loop {
@@ -202,14 +202,15 @@ struct Unshifted {
 }
 
 impl Default for Unshifted {
+    /// Before its first element (`d` is then set to the first pivot; `d1 = -1` as `d = q - τ`).
     fn default() -> Self {
-        let (d, d1, d2, log1, log2) = (0.0, -1.0, 0.0, 0.0, 0.0);
+        let (d, d1, d2) = (0.0, -1.0, 0.0);
         Unshifted {
             d,
             d1,
             d2,
-            log1,
-            log2,
+            log1: 0.0,
+            log2: 0.0,
         }
     }
 }
@@ -237,18 +238,12 @@ impl Unshifted {
     /// With the last pivot `d` taken: `(Σ 1/x, Σ 1/x²) = (-(log p)', -(log p)'')`, or
     /// `None` where that pivot is negative or not a number.
     fn sums(&self) -> Option<(f64, f64)> {
-        let Unshifted {
-            d,
-            d1,
-            d2,
-            log1,
-            log2,
-        } = *self;
+        let d = self.d;
         if d < 0.0 || d.is_nan() {
             return None;
         }
-        let a = d1 / d;
-        Some((-(log1 + a), -(log2 + d2 / d - a * a)))
+        let a = self.d1 / d;
+        Some((-(self.log1 + a), -(self.log2 + self.d2 / d - a * a)))
     }
 }
 
