@@ -843,7 +843,7 @@ fn values_by_dqds<T: Real>(
     }
     let block = qr_factor::recommended_block_size::<T>(rows, cols);
     let mut householder = host_zeros::<T>(SCRATCH, block * 2 * cols)?;
-    let mut diagonals = host_zeros::<f64>(SCRATCH, 10 * cols)?;
+    let mut diagonals = host_zeros::<f64>(SCRATCH, 6 * cols)?;
     with_scratch(rows * cols, |buffer: &mut [T]| {
         if m >= n {
             transpose_into((a, n), (m, n), buffer);

@@ -20,12 +20,12 @@ const NEGLIGIBLE: f64 = (100.0 * f64::EPSILON / 2.0) * (100.0 * f64::EPSILON / 2
 const SHIFT_MARGIN: f64 = 1e-12;
 
 /// Replaces `d` with the singular values, in descending order, of the upper bidiagonal
-/// matrix of diagonal `d` (`n`) and superdiagonal `e` (`n - 1`), using `work` (`8 n`).
+/// matrix of diagonal `d` (`n`) and superdiagonal `e` (`n - 1`), using `work` (`4 n`).
 /// `false` where the iteration met a value it cannot go on from (an infinity, a NaN) or did
 /// not converge: `d` then holds nothing useful.
 pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> bool {
     let n = d.len();
-    debug_assert!(e.len() + 1 == n.max(1) && work.len() >= 8 * n);
+    debug_assert!(e.len() + 1 == n.max(1) && work.len() >= 4 * n);
     let scale = d.iter().chain(e).fold(0.0, |m: f64, x| m.max(x.abs()));
     if !scale.is_finite() {
         return false;
@@ -35,9 +35,7 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
     }
     let (q, work) = work.split_at_mut(n);
     let (z, work) = work.split_at_mut(n);
-    // The outputs of a pass's three steps.
-    let (mid, work) = work.split_at_mut(2 * n);
-    let (late, next) = work.split_at_mut(2 * n);
+    let (next_q, next_z) = work.split_at_mut(n);
     for (q, d) in q.iter_mut().zip(d.iter()) {
         *q = (d / scale) * (d / scale);
     }
@@ -49,11 +47,8 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
     while end > 0 {
         let start = (1..end).rev().find(|&i| z[i - 1] == 0.0).unwrap_or(0);
         let range = start..end;
-        let outputs = [&mut *mid, &mut *late, &mut *next].map(|out| {
-            let (q, z) = out.split_at_mut(n);
-            (&mut q[range.clone()], &mut z[range.clone()])
-        });
-        if !block((&mut q[range.clone()], &mut z[range]), outputs) {
+        let arrays = (&mut q[range.clone()], &mut z[range.clone()]);
+        if !block(arrays, (&mut next_q[range.clone()], &mut next_z[range])) {
             return false;
         }
         end = start;
@@ -66,9 +61,9 @@ pub(super) fn singular_values(d: &mut [f64], e: &[f64], work: &mut [f64]) -> boo
 }
 
 /// Replaces `q` (an unreduced block; `z` its squared superdiagonal, one element longer than
-/// needed) with its eigenvalues, the squared singular values, stepping through `outputs`
-/// (as long; see [`pass`]).
-fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]); 3]) -> bool {
+/// needed) with its eigenvalues, the squared singular values, stepping through `next_q` and
+/// `next_z` (as long).
+fn block((q, z): (&mut [f64], &mut [f64]), (next_q, next_z): (&mut [f64], &mut [f64])) -> bool {
     // The shift so far, and the next one.
     let (mut sigma, mut tau) = (0.0, 0.0);
     let mut len = q.len();
@@ -94,10 +89,8 @@ fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]
             return false;
         }
         let (g, h) = loop {
-            let steps = outputs
-                .each_mut()
-                .map(|(q, z)| (&mut q[..len], &mut z[..last]));
-            if let Some(sums) = pass((&q[..len], &z[..last]), tau, steps) {
+            let next = (&mut next_q[..len], &mut next_z[..last]);
+            if let Some(sums) = pass((&q[..len], &z[..last]), tau, next) {
                 break sums;
             }
             // Rounding put the shift past the smallest eigenvalue: halve it, down to none.
@@ -106,7 +99,6 @@ fn block((q, z): (&mut [f64], &mut [f64]), mut outputs: [(&mut [f64], &mut [f64]
             }
             tau = if tau > 1e-3 * sigma { tau / 2.0 } else { 0.0 };
         };
-        let (next_q, next_z) = &outputs[2];
         q[..len].copy_from_slice(&next_q[..len]);
         z[..last].copy_from_slice(&next_z[..last]);
         sigma += tau;
@@ -132,51 +124,52 @@ fn laguerre(g: f64, h: f64, n: usize) -> f64 {
     if bound.is_finite() { bound } else { 0.0 }
 }
 
-/// Three dqds steps fused into one pass: the first with shift `tau` from `(q, z)` into
-/// `mid`, the second with none from `mid` into `late`, the third with none from `late` into
-/// `next`, each one element behind the one before, so that their chains of divisions
-/// overlap (a pass costs little more than one step; the unshifted steps carry small values
-/// down to the bottom, where they deflate). Returns the sums `(Σ 1/x, Σ 1/x²)` over the
-/// eigenvalues `x` of the new block, or `None` where a pivot came out negative (`tau` is
-/// past the smallest eigenvalue) or not a number. The block is at least 3 long.
+/// Three dqds steps fused into one pass from `(q, z)` into `(next_q, next_z)`: the first
+/// with shift `tau`, the second and third with none, each one element behind the one before
+/// (its input element passed on in registers), so that their chains of divisions overlap
+/// (a pass costs little more than one step; the unshifted steps carry small values down to
+/// the bottom, where they deflate). Returns the sums `(Σ 1/x, Σ 1/x²)` over the eigenvalues
+/// `x` of the new block, or `None` where a pivot came out negative (`tau` is past the
+/// smallest eigenvalue) or not a number. The block is at least 3 long.
 fn pass(
     (q, z): (&[f64], &[f64]),
     tau: f64,
-    [(mid_q, mid_z), (late_q, late_z), (next_q, next_z)]: [(&mut [f64], &mut [f64]); 3],
+    (next_q, next_z): (&mut [f64], &mut [f64]),
 ) -> Option<(f64, f64)> {
     let last = q.len() - 1;
     let mut d = q[0] - tau;
     // The second step's pivot, and the third step.
     let mut second = 0.0;
     let mut third = Unshifted::default();
+    // The superdiagonal element the first step and the second gave last, not yet taken by
+    // the step behind.
+    let (mut first_z, mut second_z) = (0.0, 0.0);
     for i in 0..last {
         if d < 0.0 || d.is_nan() {
             return None;
         }
         let pivot = d + z[i];
         let t = q[i + 1] / pivot;
-        (mid_q[i], mid_z[i]) = (pivot, z[i] * t);
         d = d * t - tau;
+        let new_z = z[i] * t;
         if i == 0 {
-            second = pivot;
+            (second, first_z) = (pivot, new_z);
             continue;
         }
-        let pivot = step_unshifted(&mut second, mid_z[i - 1], pivot);
-        (late_q[i - 1], late_z[i - 1]) = pivot;
+        let (pivot, new_second_z) = step_unshifted(&mut second, first_z, pivot);
+        first_z = new_z;
         match i {
-            1 => third.d = pivot.0,
-            _ => (next_q[i - 2], next_z[i - 2]) = third.next(late_z[i - 2], pivot.0),
+            1 => third.d = pivot,
+            _ => (next_q[i - 2], next_z[i - 2]) = third.next(second_z, pivot),
         }
+        second_z = new_second_z;
     }
     if d < 0.0 || d.is_nan() {
         return None;
     }
-    mid_q[last] = d;
-    let pivot = step_unshifted(&mut second, mid_z[last - 1], d);
-    (late_q[last - 1], late_z[last - 1]) = pivot;
-    (next_q[last - 2], next_z[last - 2]) = third.next(late_z[last - 2], pivot.0);
-    late_q[last] = second;
-    (next_q[last - 1], next_z[last - 1]) = third.next(late_z[last - 1], second);
+    let (pivot, last_z) = step_unshifted(&mut second, first_z, d);
+    (next_q[last - 2], next_z[last - 2]) = third.next(second_z, pivot);
+    (next_q[last - 1], next_z[last - 1]) = third.next(last_z, second);
     next_q[last] = third.d;
     third.sums()
 }
@@ -278,7 +271,7 @@ mod tests {
 
     fn values(d: &[f64], e: &[f64]) -> Option<Vec<f64>> {
         let mut d = d.to_vec();
-        let mut work = vec![f64::NAN; 8 * d.len()];
+        let mut work = vec![f64::NAN; 4 * d.len()];
         singular_values(&mut d, e, &mut work).then_some(d)
     }
 
